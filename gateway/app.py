@@ -1,0 +1,188 @@
+"""The KServe V2 HTTP API, as Triton serves it. Routes parse, call the
+service, and render; errors become ``{"error": ...}`` with Triton's codes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.metadata import model_metadata, server_metadata
+from gateway.service import InferenceService
+from gateway.status import status_for, status_for_code
+from gateway.v2_codec import parse_infer_request, render_error, render_infer_response
+from workers.errors import WorkerError
+
+log = structlog.get_logger("ferry.gateway.http")
+
+HEADER_LENGTH = "inference-header-content-length"
+_FORBIDDEN_IN_NAMES = ("..", "/", "\\", "\x00")
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
+
+
+def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(),
+               lifespan: Lifespan | None = None) -> Starlette:
+    api = _Api(service, settings)
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version}"
+    routes = [
+        Route("/v2/health/live", api.live, methods=["GET"]),
+        Route("/v2/health/ready", api.ready, methods=["GET"]),
+        Route("/v2", api.server, methods=["GET"]),
+        Route("/v2/repository/index", api.index, methods=["POST"]),
+    ]
+    for prefix in (model, versioned):
+        routes += [
+            Route(prefix, api.model, methods=["GET"]),
+            Route(prefix + "/config", api.config, methods=["GET"]),
+            Route(prefix + "/ready", api.model_ready, methods=["GET"]),
+            Route(prefix + "/infer", api.infer, methods=["POST"]),
+        ]
+    routes.append(Route("/v2/models/{rest:path}", api.bad_model_path, methods=["GET", "POST"]))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_exception_handler(404, _not_found)
+    app.add_exception_handler(405, _not_allowed)
+    return app
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def error_response(message: str, status: int) -> Response:
+    return Response(render_error(message), status_code=status, media_type="application/json")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return error_response(f"no route for {request.method} {request.url.path}", 404)
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return error_response(f"method {request.method} is not allowed on {request.url.path}", 405)
+
+
+class _Api:
+    def __init__(self, service: InferenceService, settings: HttpSettings) -> None:
+        self._service = service
+        self._catalog = service.catalog
+        self._settings = settings
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self._catalog.all_ready() else 503)
+
+    async def server(self, request: Request) -> Response:
+        return json_response(server_metadata())
+
+    async def index(self, request: Request) -> Response:
+        return json_response(self._catalog.states())
+
+    async def model(self, request: Request) -> Response:
+        return await self._guard(self._model, request)
+
+    async def config(self, request: Request) -> Response:
+        return await self._guard(self._config, request)
+
+    async def model_ready(self, request: Request) -> Response:
+        return await self._guard(self._model_ready, request)
+
+    async def infer(self, request: Request) -> Response:
+        return await self._guard(self._infer, request)
+
+    async def bad_model_path(self, request: Request) -> Response:
+        rest = request.path_params["rest"]
+        return error_response(f"invalid model path '{rest}': a model name must not contain '/'", 400)
+
+    async def _guard(self, handler: Callable[[Request], Any], request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (GatewayError, WorkerError) as exc:
+            return error_response(str(exc), status_for(exc))
+        except Exception as exc:
+            log.exception("http.unhandled", path=request.url.path)
+            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+    def _target(self, request: Request) -> tuple[str, str]:
+        name = request.path_params["model"]
+        version = request.path_params.get("version", "")
+        for text, what in ((name, "model name"), (version, "model version")):
+            if any(bad in text for bad in _FORBIDDEN_IN_NAMES):
+                raise InvalidRequest(f"invalid {what} '{text}': it must not contain '..', '/' or '\\'")
+        return name, version
+
+    async def _model(self, request: Request) -> Response:
+        name, version = self._target(request)
+        entry, number = self._catalog.version(name, version)
+        versions = (number,) if number is not None else entry.versions
+        return json_response(model_metadata(entry.config, versions))
+
+    async def _config(self, request: Request) -> Response:
+        name, version = self._target(request)
+        entry, _ = self._catalog.version(name, version)
+        return json_response(entry.config.to_json())
+
+    async def _model_ready(self, request: Request) -> Response:
+        name, version = self._target(request)
+        entry, number = self._catalog.version(name, version)
+        if self._catalog.is_ready(entry.name, number):
+            return Response(status_code=200)
+        return error_response(f"model '{name}' is not ready", 400)
+
+    async def _infer(self, request: Request) -> Response:
+        name, version = self._target(request)
+        self._catalog.version(name, version)
+        body = await self._read_body(request)
+        parsed = parse_infer_request(body, _header_length(request))
+        trace = {"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {}
+        response = await self._service.infer(name, version, parsed, trace)
+        if response.error is not None:
+            return error_response(response.error.message, status_for_code(response.error.code))
+        payload, header_length = render_infer_response(response, parsed.outputs, parsed.binary_output_default)
+        if header_length is None:
+            return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/octet-stream",
+                        headers={"Inference-Header-Content-Length": str(header_length)})
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self._settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _header_length(request: Request) -> int | None:
+    value = request.headers.get(HEADER_LENGTH)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequest(f"Inference-Header-Content-Length '{value}' is not an integer") from None
+
+

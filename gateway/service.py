@@ -1,0 +1,99 @@
+"""The gateway's one core object: turn a parsed V2 request into an envelope,
+put it on the model's request channel, and wait for its reply."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from broker import channels
+from broker.envelope import Request, Response, encode_request
+from broker.transport import Transport
+from gateway.catalog import ModelCatalog
+from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
+from gateway.replies import ReplyRouter
+from gateway.v2_codec import ParsedInfer
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    reply_timeout_s: float = 300.0
+    channel_prefix: str = channels.PREFIX
+
+
+class InferenceService:
+    def __init__(
+        self,
+        transport: Transport,
+        router: ReplyRouter,
+        catalog: ModelCatalog,
+        settings: ServiceSettings = ServiceSettings(),
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._transport = transport
+        self._router = router
+        self.catalog = catalog
+        self._settings = settings
+        self._wall_ns = wall_ns
+
+    async def infer(self, model: str, version: str, parsed: ParsedInfer,
+                    trace: dict[str, str] | None = None) -> Response:
+        entry, number = self.catalog.version(model, version)
+        if not self.catalog.is_ready(entry.name, number):
+            raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
+        request = self._envelope(entry.name, version, parsed, trace or {})
+        future = self._router.expect(request.id)
+        try:
+            await self._transport.publish(
+                channels.request_channel(entry.name, self._settings.channel_prefix), encode_request(request)
+            )
+            async with asyncio.timeout(self._settings.reply_timeout_s):
+                response = await future
+        except TimeoutError:
+            raise UpstreamTimeout(f"no reply for model '{model}' within "
+                                  f"{self._settings.reply_timeout_s:g} s") from None
+        finally:
+            self._router.forget(request.id)
+        return replace(response, id=parsed.id)
+
+    def _envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str]) -> Request:
+        params = dict(parsed.parameters)
+        now = self._wall_ns()
+        timeout_us = _int_param(params, "timeout")
+        sequence_id = params.pop("sequence_id", None)
+        if sequence_id is not None and (isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str))):
+            raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
+        return Request(
+            id=uuid.uuid4().hex,
+            model=model,
+            model_version=version,
+            reply_to=self._router.channel,
+            inputs=parsed.inputs,
+            outputs=tuple(o.name for o in parsed.outputs),
+            priority=_int_param(params, "priority"),
+            timeout_us=timeout_us,
+            deadline_ns=now + timeout_us * 1000 if timeout_us else 0,
+            sequence_id=sequence_id,
+            sequence_start=_bool_param(params, "sequence_start"),
+            sequence_end=_bool_param(params, "sequence_end"),
+            parameters={k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))},
+            trace=trace,
+            created_ns=now,
+        )
+
+
+def _int_param(params: dict[str, object], name: str) -> int:
+    value = params.pop(name, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidRequest(f"parameter '{name}' must be a non-negative integer")
+    return value
+
+
+def _bool_param(params: dict[str, object], name: str) -> bool:
+    value = params.pop(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"parameter '{name}' must be true or false")
+    return value

@@ -1,0 +1,89 @@
+import asyncio
+
+import pytest
+
+from workers.batching.driver import DynamicBatcher
+from workers.batching.forming import BatchPolicy
+from workers.errors import ExecutionError, RequestTimeout
+
+
+class Recorder:
+    """A run_batch that doubles numbers, records batch sizes, and fails on negatives."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.delay = delay
+
+    async def __call__(self, items):
+        self.batches.append(list(items))
+        await asyncio.sleep(self.delay)
+        if any(i < 0 for i in items):
+            raise ValueError(f"negative input in {list(items)}")
+        return [i * 2 for i in items]
+
+
+async def test_concurrent_requests_are_batched_and_each_gets_its_result():
+    run = Recorder(delay=0.01)
+    batcher = DynamicBatcher(run, BatchPolicy(8, max_queue_delay_s=0.005))
+    await batcher.start()
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(20)))
+    await batcher.aclose()
+    assert results == [i * 2 for i in range(20)]
+    assert max(len(b) for b in run.batches) == 8
+    assert sum(len(b) for b in run.batches) == 20
+
+
+async def test_a_failing_request_fails_alone_and_its_batch_mates_succeed():
+    run = Recorder()
+    batcher = DynamicBatcher(run, BatchPolicy(8, max_queue_delay_s=0.01))
+    await batcher.start()
+    results = await asyncio.gather(*(batcher.submit(i) for i in [1, 2, -3, 4]), return_exceptions=True)
+    await batcher.aclose()
+    assert results[:2] == [2, 4] and results[3] == 8
+    assert isinstance(results[2], ValueError)
+    assert run.batches[0] == [1, 2, -3, 4]
+
+
+async def test_instances_run_batches_concurrently():
+    running = 0
+    peak = 0
+
+    async def run(items):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        return items
+
+    batcher = DynamicBatcher(run, BatchPolicy(0), concurrency=3)
+    await batcher.start()
+    await asyncio.gather(*(batcher.submit(i) for i in range(6)))
+    await batcher.aclose()
+    assert peak == 3
+
+
+async def test_a_request_past_its_deadline_never_reaches_the_model():
+    run = Recorder(delay=0.05)
+    batcher = DynamicBatcher(run, BatchPolicy(0), concurrency=1)
+    await batcher.start()
+    loop = asyncio.get_running_loop()
+    first = asyncio.create_task(batcher.submit(1))
+    await asyncio.sleep(0.01)
+    late = batcher.submit(2, deadline=loop.time() + 0.01)
+    with pytest.raises(RequestTimeout):
+        await late
+    assert await first == 2
+    await batcher.aclose()
+    assert run.batches == [[1]]
+
+
+async def test_a_result_count_mismatch_fails_the_whole_batch_clearly():
+    async def short(items):
+        return items[:-1]
+
+    batcher = DynamicBatcher(short, BatchPolicy(4, max_queue_delay_s=0.01), isolate_failures=False)
+    await batcher.start()
+    results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
+    await batcher.aclose()
+    assert all(isinstance(r, ExecutionError) and "returned 1 results" in str(r) for r in results)

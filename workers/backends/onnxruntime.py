@@ -1,0 +1,112 @@
+"""ONNX Runtime backend: CPU here, CUDA or TensorRT execution providers when
+the installed onnxruntime has them, falling back with a logged warning."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import structlog
+
+from workers.backends.base import ModelContext
+from workers.errors import InvalidInput, ModelLoadError
+
+log = structlog.get_logger("ferry.backend.onnxruntime")
+
+_GPU_KINDS = {"KIND_GPU", "KIND_AUTO"}
+
+
+def choose_providers(context: ModelContext, available: list[str]) -> list[Any]:
+    """Execution providers in preference order for this instance."""
+    wanted: list[Any] = []
+    if context.instance.kind in _GPU_KINDS:
+        device = {"device_id": context.instance.gpus[0]} if context.instance.gpus else {}
+        if _wants_tensorrt(context.config.raw):
+            wanted.append(("TensorrtExecutionProvider", {**device, "trt_fp16_enable": _wants_fp16(context)}))
+        wanted.append(("CUDAExecutionProvider", device))
+    chosen = [p for p in wanted if p[0] in available]
+    missing = [p[0] for p in wanted if p[0] not in available]
+    if missing and context.instance.kind == "KIND_GPU":
+        log.warning("onnxruntime.provider_unavailable", model=context.name,
+                    missing=missing, fallback="CPUExecutionProvider")
+    return [*chosen, "CPUExecutionProvider"]
+
+
+def _wants_tensorrt(raw: dict[str, Any]) -> bool:
+    accelerators = raw.get("optimization", {}).get("execution_accelerators", {})
+    if isinstance(accelerators, list):
+        accelerators = accelerators[0] if accelerators else {}
+    gpu = accelerators.get("gpu_execution_accelerator", []) if isinstance(accelerators, dict) else []
+    gpu = gpu if isinstance(gpu, list) else [gpu]
+    return any(isinstance(a, dict) and a.get("name") == "tensorrt" for a in gpu)
+
+
+def _wants_fp16(context: ModelContext) -> bool:
+    return context.parameters.get("trt_fp16", "false").lower() in ("1", "true", "yes")
+
+
+class OnnxRuntimeBackend:
+    def __init__(self, context: ModelContext) -> None:
+        self._context = context
+        self._session: ort.InferenceSession | None = None
+        self._string_inputs: set[str] = set()
+
+    def load(self) -> None:
+        options = self._session_options()
+        providers = choose_providers(self._context, ort.get_available_providers())
+        try:
+            self._session = ort.InferenceSession(
+                str(self._context.model_file), sess_options=options, providers=providers
+            )
+        except Exception as exc:
+            raise ModelLoadError(f"{self._context.model_file}: onnxruntime could not load it: {exc}") from None
+        self._string_inputs = {i.name for i in self._session.get_inputs() if i.type == "tensor(string)"}
+        log.info("onnxruntime.loaded", model=self._context.name, version=self._context.version,
+                 providers=self._session.get_providers())
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self._session is not None, "infer() before load()"
+        feed = {name: self._prepare(name, array) for name, array in inputs.items()}
+        names = [o.name for o in self._context.config.outputs]
+        results = self._session.run(names, feed)
+        return {name: self._reshape_output(name, value) for name, value in zip(names, results)}
+
+    def unload(self) -> None:
+        self._session = None
+
+    def _session_options(self) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        params = self._context.parameters
+        count = max(1, self._context.config.instance_count)
+        default_threads = max(1, (os.cpu_count() or 1) // count) if count > 1 else 0
+        options.intra_op_num_threads = int(params.get("intra_op_thread_count", default_threads))
+        options.inter_op_num_threads = int(params.get("inter_op_thread_count", 0))
+        options.log_severity_level = 3
+        return options
+
+    def _prepare(self, name: str, array: np.ndarray) -> np.ndarray:
+        spec = self._context.config.input(name)
+        if spec is not None and spec.reshape is not None:
+            array = array.reshape(self._batch_prefix(array) + tuple(spec.reshape))
+        if name in self._string_inputs:
+            try:
+                return np.vectorize(_to_str, otypes=[object])(array) if array.size else array
+            except UnicodeDecodeError:
+                raise InvalidInput(f"input '{name}': BYTES element is not valid UTF-8, "
+                                   "which an ONNX string tensor requires") from None
+        return array
+
+    def _reshape_output(self, name: str, value: np.ndarray) -> np.ndarray:
+        spec = self._context.config.output(name)
+        if spec is not None and spec.reshape is not None:
+            value = value.reshape(self._batch_prefix(value) + tuple(spec.dims))
+        return value
+
+    def _batch_prefix(self, array: np.ndarray) -> tuple[int, ...]:
+        return (array.shape[0],) if self._context.config.max_batch_size > 0 else ()
+
+
+def _to_str(element: object) -> str:
+    return element.decode("utf-8") if isinstance(element, bytes) else str(element)

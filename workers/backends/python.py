@@ -1,0 +1,72 @@
+"""The Python backend: a version directory's ``model.py`` defines ``Model``.
+
+    class Model:
+        def load(self, context: ModelContext) -> None: ...
+        def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+        def unload(self) -> None: ...
+
+Tensors go in and out by name as numpy arrays (BYTES as object arrays of
+bytes), batched along dimension 0 when the model batches. A ``ValueError``
+from ``infer`` means the request's input is invalid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+import numpy as np
+
+from workers.backends.base import ModelContext
+from workers.errors import ExecutionError, InvalidInput, ModelLoadError
+
+
+class PythonBackend:
+    def __init__(self, context: ModelContext) -> None:
+        self._context = context
+        self._model: Any = None
+
+    def load(self) -> None:
+        module = self._import()
+        model_class = getattr(module, self._context.parameters.get("class_name", "Model"), None)
+        if model_class is None or not callable(getattr(model_class, "infer", None)):
+            raise ModelLoadError(f"{self._context.model_file}: defines no class 'Model' with an infer method")
+        try:
+            model = model_class()
+            if hasattr(model, "load"):
+                model.load(self._context)
+        except Exception as exc:
+            raise ModelLoadError(f"{self._context.model_file}: load() failed: {exc!r}") from None
+        self._model = model
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self._model is not None, "infer() before load()"
+        try:
+            outputs = self._model.infer(inputs)
+        except ValueError as exc:
+            raise InvalidInput(f"model '{self._context.name}': {exc}") from None
+        if not isinstance(outputs, dict):
+            raise ExecutionError(f"model '{self._context.name}': infer() returned "
+                                 f"{type(outputs).__name__}, not a dict of arrays")
+        return {name: np.asarray(value) for name, value in outputs.items()}
+
+    def unload(self) -> None:
+        if self._model is not None and hasattr(self._model, "unload"):
+            self._model.unload()
+        self._model = None
+
+    def _import(self) -> Any:
+        path = self._context.model_file
+        module_name = f"ferry_model_{self._context.name}_{self._context.version}_{self._context.instance_index}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ModelLoadError(f"{path}: not an importable Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_name, None)
+            raise ModelLoadError(f"{path}: import failed: {exc!r}") from None
+        return module

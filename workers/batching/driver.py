@@ -1,0 +1,144 @@
+"""The dynamic batcher's driver: queue, cut, run, and resolve each request.
+
+It is given ``run_batch(items) -> results`` (one result or exception per item,
+in order), a ``BatchPolicy``, how many batches may run at once, and a clock.
+It knows nothing of transports, envelopes or backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+from workers.batching.forming import BatchPolicy, BatchQueue, Pending
+from workers.errors import ExecutionError, RequestTimeout
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+RunBatch = Callable[[Sequence[T]], Awaitable[Sequence["R | BaseException"]]]
+
+
+class DynamicBatcher(Generic[T, R]):
+    def __init__(
+        self,
+        run_batch: RunBatch[T, R],
+        policy: BatchPolicy,
+        concurrency: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        isolate_failures: bool = True,
+    ) -> None:
+        self._run_batch = run_batch
+        self._queue: BatchQueue[tuple[T, asyncio.Future[R]]] = BatchQueue(policy)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._clock = clock
+        self._isolate = isolate_failures
+        self._wakeup = asyncio.Event()
+        self._running: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.batches_run = 0
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="batcher")
+
+    async def aclose(self) -> None:
+        """Stop cutting batches, fail what still waits, and finish running ones."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        for pending in self._queue.drain():
+            _fail(pending.item[1], ExecutionError("the model is shutting down"))
+        await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def submit(
+        self,
+        item: T,
+        rows: int = 1,
+        key: Hashable = None,
+        priority: int = 0,
+        deadline: float | None = None,
+    ) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.add(Pending((item, future), rows, key, self._clock(), priority, deadline))
+        self._wakeup.set()
+        return await future
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._execute(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _next_batch(self) -> list[Pending[tuple[T, asyncio.Future[R]]]]:
+        while True:
+            now = self._clock()
+            for late in self._queue.expired(now):
+                _fail(late.item[1], RequestTimeout("request timed out in the queue before compute"))
+            batch = self._queue.take(now)
+            if batch:
+                live = [p for p in batch if not p.item[1].done()]
+                if live:
+                    return live
+                continue
+            await self._sleep_until(self._queue.next_due(now))
+
+    async def _sleep_until(self, due: float | None) -> None:
+        self._wakeup.clear()
+        timeout = None if due is None else max(0.0, due - self._clock())
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wakeup.wait()
+        except TimeoutError:
+            pass
+
+    async def _execute(self, batch: list[Pending[tuple[T, asyncio.Future[R]]]]) -> None:
+        try:
+            self.batches_run += 1
+            items = [p.item[0] for p in batch]
+            results = await self._results(items)
+            for pending, result in zip(batch, results):
+                future = pending.item[1]
+                if isinstance(result, BaseException):
+                    _fail(future, result)
+                elif not future.done():
+                    future.set_result(result)
+        finally:
+            self._slots.release()
+            self._wakeup.set()
+
+    async def _results(self, items: list[T]) -> Sequence[R | BaseException]:
+        try:
+            results = await self._run_batch(items)
+        except Exception as exc:
+            if self._isolate and len(items) > 1:
+                # One bad request must not fail its batch-mates: run each alone.
+                return [await self._one(item) for item in items]
+            return [exc] * len(items)
+        if len(results) != len(items):
+            error = ExecutionError(f"batch of {len(items)} requests returned {len(results)} results")
+            return [error] * len(items)
+        return results
+
+    async def _one(self, item: T) -> R | BaseException:
+        try:
+            (result,) = await self._run_batch([item])
+            return result
+        except Exception as exc:
+            return exc
+
+
+def _fail(future: asyncio.Future[R], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,155 @@
+"""One loaded model version: its backend instances and its dynamic batcher."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from broker.envelope import Request
+from workers.backends import Backend, ModelContext, create_backend
+from workers.batching.driver import DynamicBatcher
+from workers.batching.forming import BatchPolicy
+from workers.batching.tensors import batch_key, merge, rows_of, split
+from workers.config import ModelConfig
+from workers.errors import ExecutionError, InvalidInput, WorkerError
+from workers.repository import ModelEntry
+from workers.validation import check_outputs, prepare_inputs
+
+log = structlog.get_logger("ferry.runner")
+
+BackendFactory = Callable[[ModelContext], Backend]
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class Clocks:
+    monotonic: Callable[[], float] = time.monotonic
+    wall_ns: Callable[[], int] = time.time_ns
+
+
+def batch_policy(config: ModelConfig) -> BatchPolicy:
+    dynamic = config.dynamic_batching
+    if config.max_batch_size <= 0 or dynamic is None:
+        return BatchPolicy(max_batch_size=0)
+    return BatchPolicy(
+        max_batch_size=config.max_batch_size,
+        preferred_sizes=tuple(dynamic.preferred_batch_size),
+        max_queue_delay_s=dynamic.max_queue_delay_microseconds / 1e6,
+    )
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        entry: ModelEntry,
+        version: int,
+        backend_factory: BackendFactory = create_backend,
+        clocks: Clocks = Clocks(),
+    ) -> None:
+        self.entry = entry
+        self.version = version
+        self.config = entry.config
+        self._factory = backend_factory
+        self._clocks = clocks
+        self._backends: list[Backend] = []
+        self._idle: asyncio.Queue[Backend] = asyncio.Queue()
+        self._executor: ThreadPoolExecutor | None = None
+        self._batcher: DynamicBatcher[Tensors, Tensors] | None = None
+
+    async def start(self) -> None:
+        contexts = self._contexts()
+        self._executor = ThreadPoolExecutor(len(contexts), thread_name_prefix=f"ferry-{self.entry.name}")
+        loop = asyncio.get_running_loop()
+        for context in contexts:
+            backend = self._factory(context)
+            await loop.run_in_executor(self._executor, backend.load)
+            self._backends.append(backend)
+            self._idle.put_nowait(backend)
+        self._batcher = DynamicBatcher(
+            self._run_batch, batch_policy(self.config), len(contexts), self._clocks.monotonic
+        )
+        await self._batcher.start()
+        log.info("model.ready", model=self.entry.name, version=self.version, instances=len(contexts))
+
+    async def aclose(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.aclose()
+        for backend in self._backends:
+            backend.unload()
+        self._backends.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    async def infer(self, request: Request) -> Tensors:
+        assert self._batcher is not None, "infer() before start()"
+        inputs = prepare_inputs(self.config, request.inputs)
+        check_outputs(self.config, request.outputs)
+        outputs = await self._batcher.submit(
+            inputs,
+            rows=rows_of(inputs) if self.config.max_batch_size > 0 else 1,
+            key=batch_key(inputs),
+            priority=self._priority(request.priority),
+            deadline=self._deadline(request),
+        )
+        if request.outputs:
+            return {name: outputs[name] for name in request.outputs}
+        return outputs
+
+    def _contexts(self) -> list[ModelContext]:
+        contexts: list[ModelContext] = []
+        for group in self.config.instance_groups:
+            for _ in range(group.count):
+                contexts.append(ModelContext(
+                    name=self.entry.name,
+                    version=self.version,
+                    version_dir=self.entry.path / str(self.version),
+                    model_file=self.entry.model_file(self.version),
+                    config=self.config,
+                    instance=group,
+                    instance_index=len(contexts),
+                ))
+        return contexts
+
+    def _priority(self, requested: int) -> int:
+        dynamic = self.config.dynamic_batching
+        levels = dynamic.priority_levels if dynamic else 0
+        if requested == 0:
+            return dynamic.default_priority_level if dynamic else 0
+        if levels == 0 or not 1 <= requested <= levels:
+            raise InvalidInput(f"priority {requested} is outside the {levels} priority levels "
+                               f"of model '{self.entry.name}'")
+        return requested
+
+    def _deadline(self, request: Request) -> float | None:
+        if request.deadline_ns <= 0:
+            return None
+        remaining_s = (request.deadline_ns - self._clocks.wall_ns()) / 1e9
+        return self._clocks.monotonic() + remaining_s
+
+    async def _run_batch(self, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:
+        merged = merge(batch)
+        backend = await self._idle.get()
+        try:
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(self._executor, backend.infer, merged)
+        finally:
+            self._idle.put_nowait(backend)
+        missing = [o.name for o in self.config.outputs if o.name not in outputs]
+        if missing:
+            raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
+        if self.config.max_batch_size <= 0:
+            return [outputs]
+        return list(split(outputs, [rows_of(inputs) for inputs in batch]))
+
+
+def error_of(exc: BaseException) -> WorkerError:
+    """Any failure as a WorkerError whose code can travel on the wire."""
+    if isinstance(exc, WorkerError):
+        return exc
+    return ExecutionError(f"{type(exc).__name__}: {exc}")
