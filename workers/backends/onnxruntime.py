@@ -23,7 +23,7 @@ def choose_providers(context: ModelContext, available: list[str]) -> list[Any]:
     wanted: list[Any] = []
     if context.instance.kind in _GPU_KINDS:
         device = {"device_id": context.instance.gpus[0]} if context.instance.gpus else {}
-        if _wants_tensorrt(context.config.raw):
+        if _wants_tensorrt(context.config.extras):
             wanted.append(("TensorrtExecutionProvider", {**device, "trt_fp16_enable": _wants_fp16(context)}))
         wanted.append(("CUDAExecutionProvider", device))
     chosen = [p for p in wanted if p[0] in available]
@@ -89,7 +89,7 @@ class OnnxRuntimeBackend:
     def _prepare(self, name: str, array: np.ndarray) -> np.ndarray:
         spec = self._context.config.input(name)
         if spec is not None and spec.reshape is not None:
-            array = array.reshape(self._batch_prefix(array) + tuple(spec.reshape))
+            array = array.reshape(self._batch_prefix(array) + tuple(spec.reshape.shape))
         if name in self._string_inputs:
             try:
                 return np.vectorize(_to_str, otypes=[object])(array) if array.size else array

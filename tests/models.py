@@ -1,0 +1,92 @@
+"""Small model repositories for tests, written into a directory they are given.
+
+    write_identity_model(repo, name, datatypes, max_batch_size=8)
+    write_python_model(repo, name, source, config_text)
+    write_add_sub(repo, name="add_sub", max_batch_size=8, delay_us=100, instances=1)
+
+The ONNX builders come from ``model_repo/generate.py`` (loaded by path, as
+``model_repo/`` is a folder of models, not a package), so the models tests
+build are the same ones the committed repository holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from onnx import TensorProto, helper
+
+from workers.datatypes import to_config_name
+
+GENERATOR_PATH = Path(__file__).resolve().parent.parent / "model_repo" / "generate.py"
+
+# V2 datatype -> ONNX element type; onnxruntime's CPU Identity runs them all.
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+IDENTITY_DATATYPES = tuple(ONNX_TYPES)
+
+
+@functools.cache
+def generator() -> ModuleType:
+    """``model_repo/generate.py`` as a module."""
+    module_name = "ferry_model_repo_generate"
+    spec = importlib.util.spec_from_file_location(module_name, GENERATOR_PATH)
+    assert spec is not None and spec.loader is not None, GENERATOR_PATH
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_identity_model(repo: Path, name: str, datatypes: list[str], max_batch_size: int = 8) -> None:
+    """``OUT_<DT> = IN_<DT>`` for each datatype, dims ``[-1]`` after the batch
+    dim. Without batching (``max_batch_size`` 0) there is no dynamic batcher."""
+    gen = generator()
+    unknown = sorted(set(datatypes) - set(ONNX_TYPES))
+    if unknown:
+        raise ValueError(f"no identity model for datatypes {unknown}; choose from {list(ONNX_TYPES)}")
+    batched = max_batch_size > 0
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [f"IN_{dt}"], [f"OUT_{dt}"], name=f"identity_{dt}") for dt in datatypes],
+        name,
+        [gen.value_info(f"IN_{dt}", ONNX_TYPES[dt], [-1], batched) for dt in datatypes],
+        [gen.value_info(f"OUT_{dt}", ONNX_TYPES[dt], [-1], batched) for dt in datatypes],
+    )
+    model_dir = repo / name
+    gen.write_onnx_model(model_dir, gen.make_onnx_model(graph))
+    gen.write_config(model_dir, gen.model_config(
+        name, 'platform: "onnxruntime_onnx"', max_batch_size,
+        [gen.tensor_config(f"IN_{dt}", to_config_name(dt), [-1]) for dt in datatypes],
+        [gen.tensor_config(f"OUT_{dt}", to_config_name(dt), [-1]) for dt in datatypes],
+        ("dynamic_batching { }\n" if batched else "") + gen.cpu_instances(1),
+    ))
+
+
+def write_python_model(repo: Path, name: str, source: str, config_text: str) -> None:
+    model_dir = repo / name
+    generator().write_python_source(model_dir, source)
+    generator().write_config(model_dir, config_text)
+
+
+def write_add_sub(repo: Path, name: str = "add_sub", max_batch_size: int = 8,
+                  delay_us: int = 100, instances: int = 1) -> None:
+    """The committed ``add_sub`` (FP32 [16] in, sum and difference out), renamed
+    and re-batched as a test needs."""
+    generator().write_add_sub(repo, name, max_batch_size, delay_us, instances)
+
