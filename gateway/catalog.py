@@ -20,6 +20,10 @@ class ModelCatalog:
         self._ready = ready
         self._index: RepositoryIndex = repository.scan()
 
+    @property
+    def index(self) -> RepositoryIndex:
+        return self._index
+
     def refresh(self) -> None:
         self._index = self._repository.scan()
 

@@ -42,7 +42,7 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await router.start()
-        await worker.start()
+        await worker.start(catalog.index)
         try:
             yield
         finally:

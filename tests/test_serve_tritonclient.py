@@ -50,6 +50,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for datatype in IDENTITY_DATATYPES:
         write_identity_model(repo, f"identity_{datatype.lower()}", [datatype])
     write_python_model(repo, "bf16_double", BF16_ECHO, BF16_CONFIG)
+    # As found in many Triton repositories: the model file and no config.pbtxt.
+    (repo / "bare_add_sub" / "1").mkdir(parents=True)
+    shutil.copy(MODEL_REPO / "add_sub/1/model.onnx", repo / "bare_add_sub/1/model.onnx")
     return repo
 
 
@@ -178,3 +181,17 @@ def test_bytes_that_are_not_utf8_are_refused_for_an_onnx_string_input(client):
     tensor.set_data_from_numpy(np.array([[b"\xff\xfe"]], dtype=object))
     with pytest.raises(InferenceServerException, match="IN_BYTES.*UTF-8"):
         client.infer("identity_bytes", [tensor])
+
+
+def test_an_onnx_model_without_config_is_completed_from_the_model_and_served(client, repository):
+    config = client.get_model_config("bare_add_sub")
+    assert config["max_batch_size"] == 4 and config["platform"] == "onnxruntime_onnx"
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+        ("INPUT0", "TYPE_FP32", [16]), ("INPUT1", "TYPE_FP32", [16])]
+    a = np.full((2, 16), 3.0, dtype=np.float32)
+    inputs = [httpclient.InferInput(n, [2, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    result = client.infer("bare_add_sub", inputs)
+    expected = onnx_direct(repository / "bare_add_sub/1/model.onnx", {"INPUT0": a, "INPUT1": a})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected["OUTPUT0"])

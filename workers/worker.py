@@ -26,7 +26,7 @@ from broker.errors import EnvelopeError, TransportClosed
 from broker.transport import Delivery, Transport
 from workers.datatypes import encode_array
 from workers.errors import ModelNotFound
-from workers.repository import ModelEntry, ModelRepository
+from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.runner import ModelRunner, error_of
 
 log = structlog.get_logger("ferry.worker")
@@ -74,8 +74,9 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def start(self) -> None:
-        index = self._repository.scan()
+    async def start(self, index: RepositoryIndex | None = None) -> None:
+        """Load the models; ``index`` spares a second scan when the caller has one."""
+        index = index or self._repository.scan()
         wanted = self._settings.models or tuple(sorted(index.entries))
         for name in wanted:
             entry = index.entries.get(name)
