@@ -173,7 +173,7 @@ class _Api:
             if size > limit:
                 raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
             chunks.append(chunk)
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _header_length(request: Request) -> int | None:

@@ -133,13 +133,16 @@ class ModelRunner:
         return self._clocks.monotonic() + remaining_s
 
     async def _run_batch(self, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:
-        merged = merge(batch)
         backend = await self._idle.get()
         try:
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(self._executor, backend.infer, merged)
+            # Merging and splitting copy whole batches: keep them off the event loop.
+            return await loop.run_in_executor(self._executor, self._compute, backend, batch)
         finally:
             self._idle.put_nowait(backend)
+
+    def _compute(self, backend: Backend, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:
+        outputs = backend.infer(merge(batch))
         missing = [o.name for o in self.config.outputs if o.name not in outputs]
         if missing:
             raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")

@@ -83,6 +83,11 @@ class OnnxRuntimeBackend:
         default_threads = max(1, (os.cpu_count() or 1) // count) if count > 1 else 0
         options.intra_op_num_threads = int(params.get("intra_op_thread_count", default_threads))
         options.inter_op_num_threads = int(params.get("inter_op_thread_count", 0))
+        # ORT's pool threads spin while they wait for work; in a server they
+        # spin on the cores the HTTP stack and the event loop need, so ferry
+        # turns it off unless a model's parameters ask for it.
+        spinning = params.get("allow_spinning", "false").lower() in ("1", "true", "yes")
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         options.log_severity_level = 3
         return options
 

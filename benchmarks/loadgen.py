@@ -1,0 +1,183 @@
+"""A light closed-loop HTTP/1.1 load generator for KServe V2 inference.
+
+The client shares the machine's cores with the server, so it does as little as it can:
+one keep-alive connection per concurrent worker (``asyncio.open_connection``), request
+bytes built once, and a response parsed only as far as its status line, ``Content-Length``
+and ``Inference-Header-Content-Length``. Latency is measured with ``time.perf_counter``;
+only requests that complete inside the measurement window (after the warm-up) count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+HEADER_LENGTH = b"inference-header-content-length"
+
+
+class LoadError(Exception):
+    """A response that is not what the benchmark expects."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    host: str
+    port: int
+    request: bytes                  # a complete HTTP/1.1 request, sent as is
+    expected_binary_bytes: int      # output bytes after the JSON header of a good response
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    concurrency: int
+    warmup_s: float
+    duration_s: float
+    grace_s: float = 10.0           # how long requests in flight at the end may take to finish
+
+
+@dataclass(slots=True)
+class LoadResult:
+    latencies_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    def fail(self, reason: str) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = reason
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: Sequence[int]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    start: float
+    end: float
+
+
+def infer_request(host: str, port: int, model: str, tensor: TensorSpec) -> bytes:
+    """One V2 infer request with the input as binary data and every output asked for as binary."""
+    header = json.dumps({
+        "inputs": [{
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+            "parameters": {"binary_data_size": len(tensor.data)},
+        }],
+        "parameters": {"binary_data_output": True},
+    }, separators=(",", ":")).encode()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\n"
+        f"Host: {host}:{port}\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(header) + len(tensor.data)}\r\n"
+        "\r\n"
+    ).encode()
+    return head + header + tensor.data
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, int | None]:
+    """Status, body and the ``Inference-Header-Content-Length`` of one response."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    content_length = 0
+    header_length = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            content_length = int(value)
+        elif name == HEADER_LENGTH:
+            header_length = int(value)
+    body = await reader.readexactly(content_length)
+    return status, body, header_length
+
+
+def _problem(target: Target, status: int, body: bytes, header_length: int | None) -> str | None:
+    if status != 200:
+        return f"HTTP {status}: {body[:200]!r}"
+    if header_length is None:
+        return "response has no Inference-Header-Content-Length (outputs were not binary)"
+    if len(body) - header_length != target.expected_binary_bytes:
+        return f"{len(body) - header_length} output bytes, expected {target.expected_binary_bytes}"
+    return None
+
+
+async def probe(target: Target) -> dict[str, Any]:
+    """Send one request and return its JSON header, raising ``LoadError`` when it is wrong."""
+    reader, writer = await asyncio.open_connection(target.host, target.port)
+    try:
+        writer.write(target.request)
+        await writer.drain()
+        status, body, header_length = await _read_response(reader)
+    finally:
+        writer.close()
+    problem = _problem(target, status, body, header_length)
+    if problem is not None:
+        raise LoadError(problem)
+    return json.loads(body[:header_length])
+
+
+async def _worker(target: Target, window: _Window, result: LoadResult) -> None:
+    reader, writer = await asyncio.open_connection(target.host, target.port)
+    try:
+        while (start := perf_counter()) < window.end:
+            try:
+                writer.write(target.request)
+                await writer.drain()
+                status, body, header_length = await _read_response(reader)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                result.fail(f"connection: {exc!r}")
+                writer.close()
+                reader, writer = await asyncio.open_connection(target.host, target.port)
+                continue
+            end = perf_counter()
+            if not window.start <= end <= window.end:
+                continue
+            problem = _problem(target, status, body, header_length)
+            if problem is None:
+                result.latencies_s.append(end - start)
+            else:
+                result.fail(problem)
+    finally:
+        writer.close()
+
+
+async def run_load(target: Target, spec: LoadSpec) -> LoadResult:
+    """Closed loop: ``spec.concurrency`` workers, each sending its next request when the last returns."""
+    result = LoadResult()
+    now = perf_counter()
+    window = _Window(now + spec.warmup_s, now + spec.warmup_s + spec.duration_s)
+    tasks = [asyncio.create_task(_worker(target, window, result)) for _ in range(spec.concurrency)]
+    done, pending = await asyncio.wait(tasks, timeout=spec.warmup_s + spec.duration_s + spec.grace_s)
+    for task in pending:
+        task.cancel()
+        result.fail("request still in flight after the grace period")
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for task in done:
+        if task.exception() is not None:
+            result.fail(f"worker failed: {task.exception()!r}")
+    return result
+
+
+def event_loop_runner() -> asyncio.Runner:
+    """An asyncio runner on uvloop when it is installed, the standard loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
