@@ -21,11 +21,11 @@ from gateway.service import InferenceService
 from gateway.status import status_for, status_for_code
 from gateway.v2_codec import parse_infer_request, render_error, render_infer_response
 from workers.errors import WorkerError
+from workers.repository import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.http")
 
 HEADER_LENGTH = "inference-header-content-length"
-_FORBIDDEN_IN_NAMES = ("..", "/", "\\", "\x00")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +124,9 @@ class _Api:
         name = request.path_params["model"]
         version = request.path_params.get("version", "")
         for text, what in ((name, "model name"), (version, "model version")):
-            if any(bad in text for bad in _FORBIDDEN_IN_NAMES):
-                raise InvalidRequest(f"invalid {what} '{text}': it must not contain '..', '/' or '\\'")
+            if text and not is_safe_name(text):
+                raise InvalidRequest(f"invalid {what} '{text}': it must not start with '.' "
+                                     "or contain '..', '/', '\\' or NUL")
         return name, version
 
     async def _model(self, request: Request) -> Response:
@@ -148,7 +149,7 @@ class _Api:
 
     async def _infer(self, request: Request) -> Response:
         name, version = self._target(request)
-        self._catalog.version(name, version)
+        self._catalog.version(name, version)  # an unknown model is refused before its body is read
         body = await self._read_body(request)
         parsed = parse_infer_request(body, _header_length(request))
         trace = {"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {}

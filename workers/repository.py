@@ -123,7 +123,7 @@ class ModelRepository:
         return [child.name for child in children if not child.name.startswith(".") and child.is_dir()]
 
     def _model_dir(self, name: str) -> Path:
-        if not _is_safe_name(name):
+        if not is_safe_name(name):
             raise InvalidModelName(f"{name!r} is not a valid model name")
         try:
             resolved = (self.root / name).resolve(strict=True)
@@ -202,7 +202,8 @@ class ModelRepository:
         return autocomplete(config_path, raw, self._read_signature(model_file))
 
 
-def _is_safe_name(name: object) -> bool:
+def is_safe_name(name: object) -> bool:
+    """A name that stays one directory level inside the repository."""
     if not isinstance(name, str) or not name or name.startswith("."):
         return False
     return not any(part in name for part in _FORBIDDEN_IN_NAMES)

@@ -175,10 +175,11 @@ class Worker:
                             error=ErrorInfo(error.code, str(error)))
 
     def _runner(self, model: str, request: Request) -> ModelRunner:
-        versions = self._runners.get(request.model) if request.model == model else None
+        if request.model != model:
+            raise ModelNotFound(f"model '{request.model}' is not served on the request channel of '{model}'")
+        versions = self._runners.get(model)
         if not versions:
-            raise ModelNotFound(f"model '{request.model}' is not served on channel of model '{model}'"
-                                if request.model != model else f"model '{model}' is not loaded")
+            raise ModelNotFound(f"model '{model}' is not loaded")
         if not request.model_version:
             return versions[max(versions)]
         try:
