@@ -7,13 +7,17 @@ from urllib.parse import urlsplit
 from broker.errors import BrokerError
 from broker.transport import Transport
 from broker.transports.memory import MemoryTransport
+from broker.transports.redis import RedisTransport
 
 
 def open_transport(url: str) -> Transport:
+    """``memory://`` for the embedded broker, ``redis://host:port/db`` for Redis Streams."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return MemoryTransport()
-    raise BrokerError(f"unsupported broker URL '{url}': expected memory://")
+    if scheme == "redis":
+        return RedisTransport(url)
+    raise BrokerError(f"unsupported broker URL '{url}': expected memory:// or redis://")
 
 
-__all__ = ["MemoryTransport", "open_transport"]
+__all__ = ["MemoryTransport", "RedisTransport", "open_transport"]

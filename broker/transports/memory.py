@@ -104,8 +104,9 @@ class MemoryTransport:
                 claimed.append(Delivery(channel, group, str(seq), entry.payload, entry.attempts))
         return claimed
 
-    def backlog(self, channel: str, group: str) -> tuple[int, int]:
+    async def backlog(self, channel: str, group: str) -> tuple[int, int]:
         """(messages not yet delivered, delivered but not acked) for a group."""
+        self._check_open()
         state = self._channels.get(channel)
         if state is None:
             return 0, 0

@@ -58,7 +58,7 @@ async def test_a_request_is_answered_and_acked_after_the_reply(running: MemoryTr
     out = {t.name: np.frombuffer(t.data, np.float32).reshape(t.shape) for t in response.outputs}
     np.testing.assert_array_equal(out["OUTPUT0"], np.arange(32, dtype=np.float32).reshape(2, 16) + 1)
     await asyncio.sleep(0.05)
-    assert running.backlog(REQUESTS, GROUP) == (0, 0)
+    assert await running.backlog(REQUESTS, GROUP) == (0, 0)
 
 
 async def test_garbage_with_no_reply_channel_goes_to_the_dead_letter_channel(running: MemoryTransport):

@@ -1,0 +1,223 @@
+"""The Redis Streams transport.
+
+Each channel is a stream whose key is the channel name; each message is one
+entry holding the payload in a single field. Groups are Redis consumer
+groups, created at id ``0`` on a group's first fetch so that messages
+published before the group existed are still delivered to it, as the memory
+transport does. ``claim_stale`` is XAUTOCLAIM; a claimed delivery's
+``attempts`` is the entry's delivery count from XPENDING.
+
+Nothing is trimmed yet: a stream grows until trimming that never drops
+entries some group has yet to read or ack is added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from broker.errors import TransportClosed, TransportError
+from broker.transport import Delivery
+
+PAYLOAD_FIELD = b"d"
+# XAUTOCLAIM scans a bounded number of pending entries per call; a sweep stops
+# after this many calls even if the cursor has not come round.
+MAX_CLAIM_ROUNDS = 100
+
+
+class RedisTransport:
+    def __init__(self, url: str) -> None:
+        # A pool of our own: each concurrent command takes its own connection,
+        # so a fetch blocked in XREADGROUP never holds up a publish.
+        # RESP2 pins the reply shapes parsed below.
+        self._pool: aioredis.ConnectionPool = aioredis.ConnectionPool.from_url(url, protocol=2)
+        self._redis = aioredis.Redis(connection_pool=self._pool)
+        self._groups: set[tuple[str, str]] = set()
+        self._reads: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> RedisTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def publish(self, channel: str, payload: bytes) -> str:
+        self._check_open()
+        with self._edge():
+            message_id = await self._redis.xadd(channel, {PAYLOAD_FIELD: bytes(payload)})
+        return _text(message_id)
+
+    async def fetch(
+        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
+        self._check_open()
+        with self._edge():
+            await self._ensure_group(channel, group)
+            try:
+                reply = await self._read(channel, group, consumer, max_count, timeout_s)
+            except ResponseError as exc:
+                if not _is_nogroup(exc):
+                    raise
+                # The stream or group vanished under us (deleted, flushed).
+                self._groups.discard((channel, group))
+                await self._ensure_group(channel, group)
+                reply = await self._read(channel, group, consumer, max_count, timeout_s)
+        return [
+            Delivery(channel, group, _text(message_id), _payload(fields))
+            for _, entries in reply
+            for message_id, fields in entries
+        ]
+
+    async def ack(self, delivery: Delivery) -> None:
+        self._check_open()
+        with self._edge():
+            await self._redis.xack(delivery.channel, delivery.group, delivery.message_id)
+
+    async def claim_stale(
+        self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
+    ) -> list[Delivery]:
+        """Take over pending entries idle for at least ``min_idle_s``."""
+        self._check_open()
+        with self._edge():
+            try:
+                entries = await self._autoclaim(channel, group, consumer, min_idle_s, max_count)
+            except ResponseError as exc:
+                if _is_nogroup(exc):
+                    return []
+                raise
+            attempts = await self._delivery_counts(channel, group, [mid for mid, _ in entries])
+        # An entry acked between the two calls is done; handing it out again
+        # would only repeat finished work.
+        return [
+            Delivery(channel, group, _text(mid), _payload(fields), attempts[_text(mid)])
+            for mid, fields in entries
+            if _text(mid) in attempts
+        ]
+
+    async def backlog(self, channel: str, group: str) -> tuple[int, int]:
+        """(messages not yet delivered, delivered but not acked) for a group."""
+        self._check_open()
+        with self._edge():
+            try:
+                groups = await self._redis.xinfo_groups(channel)
+            except ResponseError as exc:
+                if "no such key" in str(exc).lower():
+                    return 0, 0
+                raise
+            info = next((g for g in groups if _text(g["name"]) == group), None)
+            if info is None:
+                return int(await self._redis.xlen(channel)), 0
+            return await self._lag(channel, info), int(info["pending"])
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Blocked reads would otherwise hold their connections until BLOCK
+        # expires; cancelling them lets fetch report TransportClosed at once.
+        reads = list(self._reads)
+        for read in reads:
+            read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
+        await self._redis.aclose()
+        await self._pool.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed("redis transport is closed")
+
+    @contextmanager
+    def _edge(self) -> Iterator[None]:
+        try:
+            yield
+        except RedisError as exc:
+            if self._closed:
+                raise TransportClosed("redis transport is closed") from exc
+            raise TransportError(f"redis: {exc}") from exc
+
+    async def _ensure_group(self, channel: str, group: str) -> None:
+        if (channel, group) in self._groups:
+            return
+        try:
+            await self._redis.xgroup_create(channel, group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._groups.add((channel, group))
+
+    async def _read(
+        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Any]:
+        # BLOCK 0 would wait forever, so a zero timeout omits BLOCK instead.
+        block = max(1, round(timeout_s * 1000)) if timeout_s > 0 else None
+        read = asyncio.ensure_future(
+            self._redis.xreadgroup(group, consumer, {channel: ">"}, count=max_count, block=block)
+        )
+        self._reads.add(read)
+        try:
+            reply = await read
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._closed and (current is None or current.cancelling() == 0):
+                raise TransportClosed("redis transport is closed") from None
+            raise
+        finally:
+            self._reads.discard(read)
+        return list(reply or [])
+
+    async def _autoclaim(
+        self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        min_idle_ms = max(0, round(min_idle_s * 1000))
+        claimed: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor: bytes | str = "0-0"
+        for _ in range(MAX_CLAIM_ROUNDS):
+            if len(claimed) >= max_count:
+                break
+            reply = await self._redis.xautoclaim(
+                channel, group, consumer, min_idle_ms, start_id=cursor, count=max_count - len(claimed)
+            )
+            cursor, entries = reply[0], reply[1]
+            # Entries deleted from the stream come back without fields; skip them.
+            claimed += [(mid, fields) for mid, fields in entries if fields]
+            if _text(cursor) == "0-0":
+                break
+        return claimed
+
+    async def _delivery_counts(self, channel: str, group: str, ids: list[bytes]) -> dict[str, int]:
+        if not ids:
+            return {}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for mid in ids:
+                pipe.xpending_range(channel, group, min=mid, max=mid, count=1)
+            replies = await pipe.execute()
+        return {
+            _text(row["message_id"]): int(row["times_delivered"]) for rows in replies for row in rows
+        }
+
+    async def _lag(self, channel: str, info: dict[str, Any]) -> int:
+        lag = info.get("lag")
+        if lag is not None:
+            return int(lag)
+        # Redis cannot always count the lag (after deletions); count it by hand.
+        last = _text(info["last-delivered-id"])
+        entries = await self._redis.xrange(channel, min=f"({last}", max="+")
+        return len(entries or [])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _payload(fields: dict[bytes, bytes]) -> bytes:
+    return bytes(fields.get(PAYLOAD_FIELD, b""))
+
+
+def _is_nogroup(exc: ResponseError) -> bool:
+    return str(exc).startswith("NOGROUP")

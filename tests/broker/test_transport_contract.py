@@ -1,0 +1,160 @@
+"""The behaviour every transport promises, run against each one."""
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.errors import TransportClosed, TransportError
+from broker.transports import open_transport
+from broker.transports.memory import MemoryTransport
+from broker.transports.redis import RedisTransport
+from tests.redis_server import flushdb, free_port
+
+IDLE_S = 0.2
+AnyTransport = MemoryTransport | RedisTransport
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def transport(request: pytest.FixtureRequest) -> AsyncIterator[AnyTransport]:
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        url = request.getfixturevalue("redis_url")
+        flushdb(url)
+    opened = open_transport(url)
+    assert isinstance(opened, MemoryTransport | RedisTransport)
+    async with opened:
+        yield opened
+
+
+async def payloads(transport: AnyTransport, group: str, consumer: str, count: int) -> list[bytes]:
+    return [d.payload for d in await transport.fetch("c", group, consumer, count, 0)]
+
+
+async def test_each_message_goes_to_one_member_of_a_group(transport: AnyTransport):
+    await payloads(transport, "g", "a", 1)  # the group starts before the messages
+    for n in range(4):
+        await transport.publish("c", f"m{n}".encode())
+    assert await payloads(transport, "g", "a", 2) == [b"m0", b"m1"]
+    assert await payloads(transport, "g", "b", 10) == [b"m2", b"m3"]
+    assert await payloads(transport, "g", "a", 10) == []
+
+
+async def test_every_group_gets_every_message(transport: AnyTransport):
+    for n in range(3):
+        await transport.publish("c", f"m{n}".encode())
+    assert await payloads(transport, "g", "a", 10) == [b"m0", b"m1", b"m2"]
+    assert await payloads(transport, "h", "a", 10) == [b"m0", b"m1", b"m2"]
+
+
+async def test_messages_published_before_a_group_exists_are_delivered_to_it(transport: AnyTransport):
+    await transport.publish("c", b"early")
+    await payloads(transport, "first", "a", 10)
+    assert await payloads(transport, "late", "a", 10) == [b"early"]
+
+
+async def test_fetch_times_out_empty(transport: AnyTransport):
+    started = asyncio.get_running_loop().time()
+    assert await transport.fetch("c", "g", "a", 1, 0.05) == []
+    assert asyncio.get_running_loop().time() - started >= 0.04
+    assert await transport.fetch("c", "g", "a", 1, 0) == []
+
+
+async def test_fetch_waits_for_a_publish(transport: AnyTransport):
+    await payloads(transport, "g", "a", 1)
+    waiter = asyncio.create_task(transport.fetch("c", "g", "a", 1, 5))
+    await asyncio.sleep(0.05)
+    # The publish must get through while the fetch is blocked.
+    async with asyncio.timeout(2):
+        await transport.publish("c", b"hello")
+        (delivery,) = await waiter
+    assert delivery.payload == b"hello" and delivery.attempts == 1
+
+
+async def test_unacked_messages_stay_pending_and_are_claimed_after_idling(transport: AnyTransport):
+    await transport.publish("c", b"work")
+    (delivery,) = await transport.fetch("c", "g", "dead-worker", 1, 0)
+    assert await transport.backlog("c", "g") == (0, 1)
+    assert await payloads(transport, "g", "other", 10) == []
+    assert await transport.claim_stale("c", "g", "live", min_idle_s=IDLE_S, max_count=10) == []
+    await asyncio.sleep(IDLE_S * 1.5)
+    (claimed,) = await transport.claim_stale("c", "g", "live", min_idle_s=IDLE_S, max_count=10)
+    assert (claimed.message_id, claimed.payload) == (delivery.message_id, b"work")
+    assert await transport.backlog("c", "g") == (0, 1)
+
+
+async def test_attempts_increment_on_each_claim(transport: AnyTransport):
+    await transport.publish("c", b"work")
+    (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+    assert delivery.attempts == 1
+    seen = []
+    for consumer in ("b", "c", "d"):
+        await asyncio.sleep(IDLE_S * 1.5)
+        (claimed,) = await transport.claim_stale("c", "g", consumer, IDLE_S, 10)
+        seen.append(claimed.attempts)
+        # A fresh claim resets the idle time: nobody can take it straight back.
+        assert await transport.claim_stale("c", "g", "x", IDLE_S, 10) == []
+    assert seen == [2, 3, 4]
+
+
+async def test_claim_stale_respects_max_count_and_unknown_groups(transport: AnyTransport):
+    for n in range(3):
+        await transport.publish("c", f"m{n}".encode())
+    await payloads(transport, "g", "a", 10)
+    assert await transport.claim_stale("c", "nobody", "b", 0, 10) == []
+    first = await transport.claim_stale("c", "g", "b", 0, 2)
+    assert [d.payload for d in first] == [b"m0", b"m1"]
+
+
+async def test_ack_removes_from_pending(transport: AnyTransport):
+    assert await transport.backlog("c", "g") == (0, 0)
+    for n in range(3):
+        await transport.publish("c", f"m{n}".encode())
+    assert await transport.backlog("c", "g") == (3, 0)
+    deliveries = await transport.fetch("c", "g", "a", 2, 0)
+    assert await transport.backlog("c", "g") == (1, 2)
+    await transport.ack(deliveries[0])
+    assert await transport.backlog("c", "g") == (1, 1)
+    await transport.ack(deliveries[1])
+    await transport.ack(deliveries[1])  # acking twice is harmless
+    assert await transport.backlog("c", "g") == (1, 0)
+    assert await transport.claim_stale("c", "g", "b", 0, 10) == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 1 << 20])
+async def test_payload_bytes_round_trip_exactly(transport: AnyTransport, size: int):
+    payload = os.urandom(size)
+    message_id = await transport.publish("c", payload)
+    (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+    assert (delivery.message_id, delivery.payload) == (message_id, payload)
+    assert type(delivery.payload) is bytes
+
+
+async def test_closed_transport_refuses_work_and_wakes_waiters(transport: AnyTransport):
+    await transport.publish("c", b"x")
+    (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+    waiter = asyncio.create_task(transport.fetch("c", "g", "a", 1, 5))
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(2):
+        await transport.aclose()
+        with pytest.raises(TransportClosed):
+            await waiter
+    with pytest.raises(TransportClosed):
+        await transport.publish("c", b"x")
+    with pytest.raises(TransportClosed):
+        await transport.fetch("c", "g", "a", 1, 0)
+    with pytest.raises(TransportClosed):
+        await transport.ack(delivery)
+    with pytest.raises(TransportClosed):
+        await transport.claim_stale("c", "g", "a", 0, 1)
+    with pytest.raises(TransportClosed):
+        await transport.backlog("c", "g")
+    await transport.aclose()  # closing twice is harmless
+
+
+async def test_redis_failures_surface_as_transport_error():
+    async with RedisTransport(f"redis://127.0.0.1:{free_port()}/0") as unreachable:
+        with pytest.raises(TransportError):
+            await unreachable.publish("c", b"x")
