@@ -27,3 +27,12 @@ def reply_group(gateway_id: str, prefix: str = PREFIX) -> str:
 
 def dead_letter_channel(prefix: str = PREFIX) -> str:
     return f"{prefix}.deadletter"
+
+
+def heartbeat_key(worker_id: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}.heartbeat.{worker_id}"
+
+
+def heartbeat_pattern(prefix: str = PREFIX) -> str:
+    """A glob matching every worker's heartbeat key."""
+    return f"{prefix}.heartbeat.*"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -15,11 +16,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from broker.envelope import Response as Reply
+from broker.envelope import decode_response
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.jobs.job import Job, JobStatus
+from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
+from gateway.jobs.service import JobService
 from gateway.metadata import model_metadata, server_metadata
 from gateway.service import InferenceService
 from gateway.status import status_for, status_for_code
-from gateway.v2_codec import parse_infer_request, render_error, render_infer_response
+from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
 from workers.errors import WorkerError
 from workers.repository import is_safe_name
 
@@ -37,8 +43,10 @@ Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(),
-               lifespan: Lifespan | None = None) -> Starlette:
-    api = _Api(service, settings)
+               lifespan: Lifespan | None = None, jobs: JobService | None = None) -> Starlette:
+    """Without ``jobs``, ``Prefer: respond-async`` is ignored (RFC 7240 lets a
+    server decline a preference) and infer answers synchronously."""
+    api = _Api(service, settings, jobs)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
     routes = [
@@ -47,6 +55,8 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
         Route("/v2", api.server, methods=["GET"]),
         Route("/v2/repository/index", api.index, methods=["POST"]),
     ]
+    if jobs is not None:
+        routes.append(Route("/v2/jobs/{job_id}", api.job, methods=["GET", "DELETE"]))
     for prefix in (model, versioned):
         routes += [
             Route(prefix, api.model, methods=["GET"]),
@@ -61,8 +71,8 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
     return app
 
 
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def error_response(message: str, status: int) -> Response:
@@ -78,8 +88,9 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 
 class _Api:
-    def __init__(self, service: InferenceService, settings: HttpSettings) -> None:
+    def __init__(self, service: InferenceService, settings: HttpSettings, jobs: JobService | None) -> None:
         self._service = service
+        self._jobs = jobs
         self._catalog = service.catalog
         self._settings = settings
 
@@ -106,6 +117,9 @@ class _Api:
 
     async def infer(self, request: Request) -> Response:
         return await self._guard(self._infer, request)
+
+    async def job(self, request: Request) -> Response:
+        return await self._guard(self._job, request)
 
     async def bad_model_path(self, request: Request) -> Response:
         rest = request.path_params["rest"]
@@ -153,14 +167,29 @@ class _Api:
         body = await self._read_body(request)
         parsed = parse_infer_request(body, _header_length(request))
         trace = {"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {}
+        if self._jobs is not None and prefers_async(request.headers.getlist("prefer")):
+            job = await self._jobs.submit(name, version, parsed, trace)
+            return json_response({"job_id": job.id, "status": job.status.value}, 202, headers={
+                "Location": f"/v2/jobs/{job.id}", "Preference-Applied": RESPOND_ASYNC,
+            })
         response = await self._service.infer(name, version, parsed, trace)
-        if response.error is not None:
-            return error_response(response.error.message, status_for_code(response.error.code))
-        payload, header_length = render_infer_response(response, parsed.outputs, parsed.binary_output_default)
-        if header_length is None:
-            return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(header_length)})
+        return _render_reply(response, parsed.outputs, parsed.binary_output_default)
+
+    async def _job(self, request: Request) -> Response:
+        assert self._jobs is not None  # the route exists only with jobs
+        job_id = request.path_params["job_id"]
+        job = await (self._jobs.cancel(job_id) if request.method == "DELETE" else self._jobs.get(job_id))
+        if job.status == JobStatus.EXPIRED:
+            return json_response({**_job_status(job), "error": f"job '{job.id}' has expired"}, 410)
+        if request.method == "DELETE":
+            return json_response(_job_status(job))
+        if job.status == JobStatus.SUCCEEDED:
+            reply = replace(decode_response(job.result), id=job.rendering.request_id)
+            return _render_reply(reply, job.rendering.outputs, job.rendering.binary_default)
+        if job.status == JobStatus.FAILED:
+            error = decode_response(job.result).error
+            return json_response({**_job_status(job), "error": error.message if error else "failed"})
+        return json_response(_job_status(job))
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._settings.max_body_bytes
@@ -175,6 +204,22 @@ class _Api:
                 raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
             chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _render_reply(reply: Reply, outputs: tuple[RequestedOutput, ...], binary_default: bool) -> Response:
+    if reply.error is not None:
+        return error_response(reply.error.message, status_for_code(reply.error.code))
+    payload, header_length = render_infer_response(reply, outputs, binary_default)
+    if header_length is None:
+        return Response(payload, media_type="application/json")
+    return Response(payload, media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(header_length)})
+
+
+def _job_status(job: Job) -> dict[str, str]:
+    created = datetime.fromtimestamp(job.created_ns / 1e9, UTC).isoformat(timespec="milliseconds")
+    return {"job_id": job.id, "model_name": job.model, "model_version": job.model_version,
+            "status": job.status.value, "created": created.replace("+00:00", "Z")}
 
 
 def _header_length(request: Request) -> int | None:

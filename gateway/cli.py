@@ -1,48 +1,111 @@
-"""The ``ferry`` command."""
+"""The ``ferry`` command: ``serve`` (all in one), ``gateway`` and ``worker``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvicorn
+import uvloop
+from starlette.applications import Starlette
 
 from gateway.app import HttpSettings
 from gateway.embedded import ServeSettings, build_app
+from gateway.fleet import WorkerProcessSettings, build_gateway_app, run_worker
 from gateway.logs import configure_logging
+from workers.heartbeat import HeartbeatSettings
+from workers.recovery import RecoverySettings
+from workers.worker import WorkerSettings
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferry", description="Serve models from a Triton-layout repository.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="gateway, workers and an in-memory broker in one process")
-    serve.add_argument("--model-repository", type=Path, required=True)
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--broker", default="memory://", help="broker URL (memory://)")
-    serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
-    serve.add_argument("--log-level", default="info")
-    serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    common = _common_options()
+    http, worker = _http_options(), _worker_options()
+    serve = commands.add_parser("serve", parents=[common, http, worker],
+                                help="gateway and worker in one process (in-memory broker by default)")
+    serve.add_argument("--broker", default="memory://", help="broker URL (memory:// or redis://HOST:PORT/DB)")
+    gateway = commands.add_parser("gateway", parents=[common, http], help="the HTTP gateway alone")
+    gateway.add_argument("--broker", required=True, help="shared broker URL (redis://HOST:PORT/DB)")
+    alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")
+    alone.add_argument("--broker", required=True, help="shared broker URL (redis://HOST:PORT/DB)")
     return parser
+
+
+def _common_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--model-repository", type=Path, required=True)
+    options.add_argument("--log-level", default="info")
+    options.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    return options
+
+
+def _http_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--http-port", type=int, default=8000)
+    options.add_argument("--host", default="0.0.0.0")
+    options.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    return options
+
+
+def _worker_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--models", default="", help="comma-separated models to serve (default: all)")
+    options.add_argument("--worker-id", default=None)
+    options.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat interval")
+    options.add_argument("--claim-interval-s", type=float, default=1.0, help="how often to claim stale work")
+    options.add_argument("--claim-idle-s", type=float, default=10.0,
+                         help="claim a delivery once it has gone unacked this long")
+    options.add_argument("--max-deliveries", type=int, default=5,
+                         help="dead-letter a request delivered more often than this")
+    return options
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
-    if args.command == "serve":
-        _serve(args)
-
-
-def _serve(args: argparse.Namespace) -> None:
     if not args.model_repository.is_dir():
         raise SystemExit(f"ferry: --model-repository {args.model_repository} is not a directory")
+    if args.command in ("gateway", "worker") and urlsplit(args.broker).scheme != "redis":
+        raise SystemExit(f"ferry {args.command}: --broker must be a shared broker (redis://HOST:PORT/DB)")
+    if args.command == "serve":
+        _run_http(args, build_app(_serve_settings(args)))
+    elif args.command == "gateway":
+        _run_http(args, build_gateway_app(_serve_settings(args)))
+    elif args.command == "worker":
+        uvloop.run(run_worker(WorkerProcessSettings(
+            args.model_repository, args.broker, _worker_settings(args), HeartbeatSettings(args.heartbeat_s),
+        )))
+
+
+def _serve_settings(args: argparse.Namespace) -> ServeSettings:
     settings = ServeSettings(
         model_repository=args.model_repository,
         broker_url=args.broker,
         http=HttpSettings(max_body_bytes=args.max_body_bytes),
     )
+    if args.command != "serve":
+        return settings
+    return ServeSettings(
+        model_repository=settings.model_repository, broker_url=settings.broker_url, http=settings.http,
+        worker=_worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s),
+    )
+
+
+def _worker_settings(args: argparse.Namespace) -> WorkerSettings:
+    recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries)
+    models = tuple(name.strip() for name in args.models.split(",") if name.strip())
+    if args.worker_id:
+        return WorkerSettings(worker_id=args.worker_id, models=models, recovery=recovery)
+    return WorkerSettings(models=models, recovery=recovery)
+
+
+def _run_http(args: argparse.Namespace, app: Starlette) -> None:
     config = uvicorn.Config(
-        build_app(settings), host=args.host, port=args.http_port, loop="uvloop", http="httptools",
+        app, host=args.host, port=args.http_port, loop="uvloop", http="httptools",
         lifespan="on", access_log=False, log_level="warning",
     )
     uvicorn.Server(config).run()

@@ -1,4 +1,8 @@
-"""``ferry serve``: gateway, worker and broker in one process and one event loop."""
+"""``ferry serve``: gateway, worker and broker in one process and one event loop.
+
+On a shared broker (``redis://``) the worker also heartbeats, so gateways
+started elsewhere with ``ferry gateway`` count it as serving its models.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 
@@ -14,8 +19,10 @@ from broker.transport import Transport
 from broker.transports import open_transport
 from gateway.app import HttpSettings, create_app
 from gateway.catalog import ModelCatalog
+from gateway.jobs import build_jobs, open_job_store
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService, ServiceSettings
+from workers.heartbeat import Heartbeat, HeartbeatSettings, RedisHeartbeats
 from workers.repository import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
@@ -28,6 +35,7 @@ class ServeSettings:
     http: HttpSettings = HttpSettings()
     service: ServiceSettings = ServiceSettings()
     worker: WorkerSettings = WorkerSettings()
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
 
 
 def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:
@@ -38,16 +46,37 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(repository, worker.ready_models)
     service = InferenceService(transport, router, catalog, settings.service)
+    jobs = build_jobs(transport, open_job_store(settings.broker_url), service, settings.gateway_id)
+    heartbeats = _shared_heartbeats(settings)
+    heartbeat = None if heartbeats is None else Heartbeat(
+        heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await router.start()
+        await jobs.start()
         await worker.start(catalog.index)
+        if heartbeat is not None:
+            await heartbeat.start()
         try:
             yield
         finally:
+            if heartbeat is not None:
+                # On a shared broker, what this worker took must still be answered.
+                await heartbeat.aclose()
+                await worker.drain()
             await worker.aclose()
+            if heartbeats is not None:
+                await heartbeats.aclose()
+            await jobs.aclose()
             await router.aclose()
             await transport.aclose()
 
-    return create_app(service, settings.http, lifespan)
+    return create_app(service, settings.http, lifespan, jobs=jobs)
+
+
+def _shared_heartbeats(settings: ServeSettings) -> RedisHeartbeats | None:
+    if urlsplit(settings.broker_url).scheme != "redis":
+        return None
+    return RedisHeartbeats(settings.broker_url, settings.worker.channel_prefix)

@@ -2,7 +2,11 @@
 
     GatewayError
      ├── InvalidRequest    the client's request is malformed or inconsistent
-     └── PayloadTooLarge   the request body exceeds the configured limit
+     ├── PayloadTooLarge   the request body exceeds the configured limit
+     ├── ModelUnavailable  the model exists but no worker serves it yet
+     ├── UpstreamTimeout   no reply arrived from the workers in time
+     ├── JobNotFound       no async job has this id
+     └── JobConflict       the async job is past the state the request needs
 
 The classes carry meaning only; ``gateway.status`` maps them to HTTP codes.
 """
@@ -28,3 +32,11 @@ class ModelUnavailable(GatewayError):
 
 class UpstreamTimeout(GatewayError):
     """No reply arrived from the workers in time."""
+
+
+class JobNotFound(GatewayError):
+    """No job has this id (or it expired and was forgotten)."""
+
+
+class JobConflict(GatewayError):
+    """The job is past the state the request needs (cancelling a finished job)."""

@@ -41,15 +41,10 @@ class InferenceService:
 
     async def infer(self, model: str, version: str, parsed: ParsedInfer,
                     trace: dict[str, str] | None = None) -> Response:
-        entry, number = self.catalog.version(model, version)
-        if not self.catalog.is_ready(entry.name, number):
-            raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
-        request = self._envelope(entry.name, version, parsed, trace or {})
+        request = self.envelope(model, version, parsed, trace, reply_to=self._router.channel)
         future = self._router.expect(request.id)
         try:
-            await self._transport.publish(
-                channels.request_channel(entry.name, self._settings.channel_prefix), encode_request(request)
-            )
+            await self.publish(request)
             async with asyncio.timeout(self._settings.reply_timeout_s):
                 response = await future
         except TimeoutError:
@@ -58,6 +53,20 @@ class InferenceService:
         finally:
             self._router.forget(request.id)
         return replace(response, id=parsed.id)
+
+    def envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str] | None,
+                 reply_to: str, request_id: str = "") -> Request:
+        """The request envelope for a ready model; ``request_id`` defaults to a fresh one."""
+        entry, number = self.catalog.version(model, version)
+        if not self.catalog.is_ready(entry.name, number):
+            raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
+        request = self._envelope(entry.name, version, parsed, trace or {})
+        return replace(request, reply_to=reply_to, id=request_id or request.id)
+
+    async def publish(self, request: Request) -> None:
+        await self._transport.publish(
+            channels.request_channel(request.model, self._settings.channel_prefix), encode_request(request)
+        )
 
     def _envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str]) -> Request:
         params = dict(parsed.parameters)

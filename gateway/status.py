@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError, InvalidRequest, ModelUnavailable, PayloadTooLarge, UpstreamTimeout
+from gateway.errors import (
+    GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable, PayloadTooLarge, UpstreamTimeout,
+)
 from workers.errors import ModelNotFound, WorkerError
 
 _BY_CODE = {
@@ -21,6 +23,8 @@ _BY_CLASS: tuple[tuple[type[Exception], int], ...] = (
     (ModelUnavailable, 503),
     (UpstreamTimeout, 504),
     (ModelNotFound, 404),
+    (JobNotFound, 404),
+    (JobConflict, 409),
 )
 
 

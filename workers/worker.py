@@ -5,6 +5,11 @@ mid-batch leaves the message pending for another to claim. Bytes that are not
 a request are answered with an error when a reply channel can still be read
 from them, and otherwise go to the dead-letter channel; either way the loop
 keeps consuming.
+
+Deliveries a dead consumer left pending are claimed every
+``recovery.interval_s`` and handled like fresh ones (see ``workers.recovery``).
+``drain()`` stops fetching and waits for what is in flight to be answered and
+acked, for a clean shutdown.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from broker.errors import EnvelopeError, TransportClosed
 from broker.transport import Delivery, Transport
 from workers.datatypes import encode_array
 from workers.errors import ModelNotFound
+from workers.recovery import (
+    Reclaiming, RecoverySettings, dead_letter_reason, exhausted, exhausted_error,
+)
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.runner import ModelRunner, error_of
 
@@ -40,6 +48,7 @@ class WorkerSettings:
     max_in_flight: int = 512
     poll_timeout_s: float = 1.0
     channel_prefix: str = channels.PREFIX
+    recovery: RecoverySettings = RecoverySettings()
 
 
 RunnerFactory = Callable[[ModelEntry, int], ModelRunner]
@@ -59,6 +68,8 @@ class Worker:
         self._runner_factory = runner_factory
         self._runners: dict[str, dict[int, ModelRunner]] = {}
         self._consumers: list[asyncio.Task[None]] = []
+        self._reclaimer: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._handlers: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._has_room = asyncio.Event()
@@ -87,11 +98,25 @@ class Worker:
             await self._load(entry)
         for name in self._runners:
             self._consumers.append(asyncio.create_task(self._consume(name), name=f"consume-{name}"))
+        if isinstance(self._transport, Reclaiming) and self._runners:
+            self._reclaimer = asyncio.create_task(self._reclaim(self._transport), name="reclaim")
 
     def ready_models(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(sorted(versions)) for name, versions in self._runners.items()}
 
+    async def drain(self) -> None:
+        """Stop fetching; return once every delivery taken so far is answered and acked."""
+        self._stopping.set()
+        self._has_room.set()
+        await self._stop_reclaiming()
+        # Each consumer finishes the fetch it is in (at most poll_timeout_s), so
+        # nothing Redis already handed this consumer is left unhandled.
+        await asyncio.gather(*self._consumers, return_exceptions=True)
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
     async def aclose(self) -> None:
+        self._stopping.set()
+        await self._stop_reclaiming()
         for task in self._consumers:
             task.cancel()
         await asyncio.gather(*self._consumers, return_exceptions=True)
@@ -116,8 +141,10 @@ class Worker:
         prefix = self._settings.channel_prefix
         channel = channels.request_channel(model, prefix)
         group = channels.worker_group(model, prefix)
-        while True:
+        while not self._stopping.is_set():
             await self._room()
+            if self._stopping.is_set():
+                return
             limit = min(self._settings.fetch_count, self._settings.max_in_flight - self._in_flight)
             try:
                 deliveries = await self._transport.fetch(
@@ -129,14 +156,49 @@ class Worker:
                 log.warning("worker.fetch_failed", channel=channel, error=str(exc))
                 await asyncio.sleep(0.5)
                 continue
-            for delivery in deliveries:
-                self._in_flight += 1
-                task = asyncio.create_task(self._handle(model, delivery))
-                self._handlers.add(task)
-                task.add_done_callback(self._handler_done)
+            self._dispatch(model, deliveries)
+
+    async def _reclaim(self, transport: Reclaiming) -> None:
+        recovery = self._settings.recovery
+        while True:
+            await asyncio.sleep(recovery.interval_s)
+            for model in list(self._runners):
+                await self._reclaim_model(transport, model, recovery)
+
+    async def _reclaim_model(self, transport: Reclaiming, model: str, recovery: RecoverySettings) -> None:
+        room = min(self._settings.fetch_count, self._settings.max_in_flight - self._in_flight)
+        if room <= 0:
+            return
+        prefix = self._settings.channel_prefix
+        channel = channels.request_channel(model, prefix)
+        try:
+            deliveries = await transport.claim_stale(
+                channel, channels.worker_group(model, prefix), self.worker_id, recovery.idle_s, room
+            )
+        except TransportClosed:
+            return
+        except Exception as exc:
+            log.warning("worker.claim_failed", channel=channel, error=str(exc))
+            return
+        if deliveries:
+            log.info("worker.claimed", channel=channel, count=len(deliveries), worker=self.worker_id)
+        self._dispatch(model, deliveries)
+
+    async def _stop_reclaiming(self) -> None:
+        if self._reclaimer is not None:
+            self._reclaimer.cancel()
+            await asyncio.gather(self._reclaimer, return_exceptions=True)
+            self._reclaimer = None
+
+    def _dispatch(self, model: str, deliveries: list[Delivery]) -> None:
+        for delivery in deliveries:
+            self._in_flight += 1
+            task = asyncio.create_task(self._handle(model, delivery))
+            self._handlers.add(task)
+            task.add_done_callback(self._handler_done)
 
     async def _room(self) -> None:
-        while self._in_flight >= self._settings.max_in_flight:
+        while self._in_flight >= self._settings.max_in_flight and not self._stopping.is_set():
             self._has_room.clear()
             await self._has_room.wait()
 
@@ -148,6 +210,9 @@ class Worker:
             log.error("worker.handler_failed", error=repr(task.exception()))
 
     async def _handle(self, model: str, delivery: Delivery) -> None:
+        if exhausted(delivery, self._settings.recovery):
+            await self._give_up(delivery)
+            return
         try:
             request = decode_request(delivery.payload)
         except EnvelopeError as exc:
@@ -199,6 +264,21 @@ class Worker:
                 encode_dead_letter(delivery, reason),
             )
         log.warning("worker.bad_message", channel=delivery.channel, message_id=delivery.message_id,
+                    reason=reason, answered=target is not None)
+        await self._transport.ack(delivery)
+
+
+    async def _give_up(self, delivery: Delivery) -> None:
+        reason = dead_letter_reason(delivery)
+        await self._transport.publish(
+            channels.dead_letter_channel(self._settings.channel_prefix), encode_dead_letter(delivery, reason)
+        )
+        target = peek_reply_to(delivery.payload)
+        if target is not None:
+            request_id, reply_to = target
+            error = exhausted_error(delivery, self._settings.recovery)
+            await self._transport.publish(reply_to, encode_response(Response(id=request_id, model="", error=error)))
+        log.warning("worker.dead_lettered", channel=delivery.channel, message_id=delivery.message_id,
                     reason=reason, answered=target is not None)
         await self._transport.ack(delivery)
 

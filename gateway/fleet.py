@@ -1,0 +1,143 @@
+"""Gateways and workers as separate processes joined by a shared broker.
+
+``build_gateway_app`` is the HTTP gateway alone: it learns which models are
+ready from the workers' heartbeats (``FleetReadiness``). ``run_worker`` is a
+worker alone: it heartbeats, serves until SIGTERM or SIGINT, then drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from starlette.applications import Starlette
+
+from broker.errors import TransportError
+from broker.transports import open_transport
+from gateway.app import create_app
+from gateway.catalog import ModelCatalog
+from gateway.jobs import build_jobs, open_job_store
+from gateway.embedded import ServeSettings
+from gateway.replies import ReplyRouter
+from gateway.service import InferenceService
+from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, RedisHeartbeats, ServedModels
+from workers.repository import ModelRepository
+from workers.worker import Worker, WorkerSettings
+
+log = structlog.get_logger("ferry.fleet")
+
+
+class FleetReadiness:
+    """The union of the models live workers serve, refreshed in the background.
+
+    Calling it returns the last snapshot, so readiness checks in the request
+    path never wait on the broker.
+    """
+
+    def __init__(self, store: HeartbeatStore, refresh_s: float = 0.5) -> None:
+        self._store = store
+        self._refresh_s = refresh_s
+        self._served: ServedModels = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self) -> ServedModels:
+        return self._served
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="fleet-readiness")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def refresh(self) -> None:
+        try:
+            workers = await self._store.live()
+        except TransportError as exc:
+            # A broker we cannot reach serves nothing.
+            log.warning("fleet.refresh_failed", error=str(exc))
+            workers = {}
+        self._served = union(workers.values())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            await self.refresh()
+
+
+def union(served: Iterable[ServedModels]) -> ServedModels:
+    merged: dict[str, set[int]] = {}
+    for models in served:
+        for name, versions in models.items():
+            merged.setdefault(name, set()).update(versions)
+    return {name: tuple(sorted(versions)) for name, versions in merged.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcessSettings:
+    model_repository: Path
+    broker_url: str
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
+
+
+def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> Starlette:
+    """The HTTP gateway alone; everything starts in its lifespan."""
+    transport = open_transport(settings.broker_url)
+    heartbeats = RedisHeartbeats(settings.broker_url, settings.service.channel_prefix)
+    readiness = FleetReadiness(heartbeats, readiness_refresh_s)
+    router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
+    catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness)
+    service = InferenceService(transport, router, catalog, settings.service)
+    jobs = build_jobs(transport, open_job_store(settings.broker_url), service, settings.gateway_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await router.start()
+        await jobs.start()
+        await readiness.start()
+        try:
+            yield
+        finally:
+            await readiness.aclose()
+            await jobs.aclose()
+            await router.aclose()
+            await heartbeats.aclose()
+            await transport.aclose()
+
+    return create_app(service, settings.http, lifespan, jobs=jobs)
+
+
+async def run_worker(settings: WorkerProcessSettings) -> None:
+    """Serve until SIGTERM/SIGINT, then finish and ack what is in flight."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    transport = open_transport(settings.broker_url)
+    heartbeats = RedisHeartbeats(settings.broker_url, settings.worker.channel_prefix)
+    worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker)
+    heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
+    try:
+        await worker.start()
+        await heartbeat.start()
+        log.info("worker.started", worker=worker.worker_id, models=worker.ready_models())
+        await stop.wait()
+        log.info("worker.stopping", worker=worker.worker_id)
+        # Leave the fleet first so gateways stop counting on this worker.
+        await heartbeat.aclose()
+        await worker.drain()
+    finally:
+        await heartbeat.aclose()
+        await worker.aclose()
+        await heartbeats.aclose()
+        await transport.aclose()
+    log.info("worker.stopped", worker=worker.worker_id)

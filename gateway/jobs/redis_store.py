@@ -1,0 +1,68 @@
+"""The Redis job store: one hash per job at ``ferry.job.<id>``.
+
+Fields: ``status``, ``meta`` (msgpack, see ``gateway.jobs.job``) and
+``result`` (an encoded envelope Response). The key's EXPIRE is the TTL, so
+Redis itself forgets a job when it expires: here an expired job reads as
+unknown. Transitions out of ``queued`` are one Lua script each, so a cancel
+and a reply racing from two gateways cannot both win.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from broker import channels
+from gateway.jobs.job import Job, JobStatus, decode_meta, encode_meta
+from gateway.jobs.names import job_key
+from gateway.jobs.store import DEFAULT_TTL_S
+
+# HSET keeps the key's TTL, so a finished job expires when it would have.
+_MOVE_FROM_QUEUED = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
+return 1
+"""
+
+
+class RedisJobStore:
+    def __init__(self, url: str, ttl_s: float = DEFAULT_TTL_S, prefix: str = channels.PREFIX) -> None:
+        self._redis = aioredis.Redis.from_url(url, protocol=2)
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._prefix = prefix
+        self._move = self._redis.register_script(_MOVE_FROM_QUEUED)
+
+    async def __aenter__(self) -> RedisJobStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def create(self, job: Job) -> None:
+        key = job_key(job.id, self._prefix)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={"status": job.status.value, "meta": encode_meta(job), "result": job.result})
+            pipe.pexpire(key, self._ttl_ms)
+            await pipe.execute()
+
+    async def get(self, job_id: str) -> Job | None:
+        fields: dict[bytes, Any] = await self._redis.hgetall(job_key(job_id, self._prefix))
+        if not fields or b"meta" not in fields:
+            return None
+        status = JobStatus(fields.get(b"status", b"queued").decode())
+        return decode_meta(fields[b"meta"], status, bytes(fields.get(b"result", b"")))
+
+    async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
+        moved = await self._move(keys=[job_key(job_id, self._prefix)], args=[status.value, result])
+        return bool(moved)
+
+    async def cancel(self, job_id: str) -> Job | None:
+        await self._move(keys=[job_key(job_id, self._prefix)], args=[JobStatus.CANCELLED.value, b""])
+        return await self.get(job_id)
+
+    async def discard(self, job_id: str) -> None:
+        await self._redis.delete(job_key(job_id, self._prefix))
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()

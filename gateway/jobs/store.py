@@ -1,0 +1,34 @@
+"""The job store seam.
+
+Every transition is conditional and atomic, so a cancel and a reply that race
+each other leave exactly one outcome: ``finish`` and ``cancel`` only move a job
+out of ``queued``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.jobs.job import Job, JobStatus
+
+DEFAULT_TTL_S = 3600.0
+
+
+class JobStore(Protocol):
+    async def create(self, job: Job) -> None:
+        """Store a new job; it lives for the store's TTL from now."""
+
+    async def get(self, job_id: str) -> Job | None:
+        """The job, or None when unknown (or forgotten after it expired)."""
+
+    async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
+        """Record a result if the job is still queued; False when it was not."""
+
+    async def cancel(self, job_id: str) -> Job | None:
+        """Cancel the job if it is still queued; the job as it stands afterwards."""
+
+    async def discard(self, job_id: str) -> None:
+        """Forget a job whose request never left the gateway."""
+
+    async def aclose(self) -> None:
+        """Release resources."""
