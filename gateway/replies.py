@@ -13,8 +13,9 @@ import structlog
 
 from broker import channels
 from broker.envelope import Response, decode_response
-from broker.errors import EnvelopeError, TransportClosed
-from broker.transport import Transport
+from broker.errors import EnvelopeError
+from broker.reader import ChannelReader
+from broker.transport import Delivery, Transport
 
 log = structlog.get_logger("ferry.gateway.replies")
 
@@ -27,21 +28,16 @@ class ReplyRouter:
         prefix: str = channels.PREFIX,
         poll_timeout_s: float = 1.0,
     ) -> None:
-        self._transport = transport
-        self._gateway_id = gateway_id
         self.channel = channels.reply_channel(gateway_id, prefix)
-        self._group = channels.reply_group(gateway_id, prefix)
-        self._poll_timeout_s = poll_timeout_s
         self._waiting: dict[str, asyncio.Future[Response]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._reader = ChannelReader(transport, self.channel, channels.reply_group(gateway_id, prefix),
+                                     gateway_id, self._route, batch=256, poll_timeout_s=poll_timeout_s)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="reply-router")
+        await self._reader.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._reader.aclose()
         for future in self._waiting.values():
             if not future.done():
                 future.cancel()
@@ -55,25 +51,9 @@ class ReplyRouter:
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                deliveries = await self._transport.fetch(
-                    self.channel, self._group, self._gateway_id, 256, self._poll_timeout_s
-                )
-            except TransportClosed:
-                return
-            except Exception as exc:
-                log.warning("replies.fetch_failed", channel=self.channel, error=str(exc))
-                await asyncio.sleep(0.5)
-                continue
-            for delivery in deliveries:
-                self._route(delivery.payload)
-                await self._transport.ack(delivery)
-
-    def _route(self, payload: bytes) -> None:
+    async def _route(self, delivery: Delivery) -> None:
         try:
-            response = decode_response(payload)
+            response = decode_response(delivery.payload)
         except EnvelopeError as exc:
             log.warning("replies.bad_message", channel=self.channel, error=str(exc))
             return

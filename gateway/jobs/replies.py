@@ -8,13 +8,13 @@ longer queued (cancelled, expired, a duplicate) is dropped.
 
 from __future__ import annotations
 
-import asyncio
 
 import structlog
 
 from broker import channels
 from broker.envelope import decode_response
-from broker.errors import EnvelopeError, TransportClosed
+from broker.errors import EnvelopeError
+from broker.reader import ChannelReader
 from broker.transport import Delivery, Transport
 from gateway.jobs.job import JobStatus
 from gateway.jobs.names import job_reply_channel, job_reply_group
@@ -28,35 +28,15 @@ class JobReplyConsumer:
                  prefix: str = channels.PREFIX, poll_timeout_s: float = 1.0) -> None:
         self._transport = transport
         self._store = store
-        self._consumer = consumer
         self.channel = job_reply_channel(prefix)
-        self._group = job_reply_group(prefix)
-        self._poll_timeout_s = poll_timeout_s
-        self._task: asyncio.Task[None] | None = None
+        self._reader = ChannelReader(transport, self.channel, job_reply_group(prefix), consumer,
+                                     self._store_reply, poll_timeout_s=poll_timeout_s)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="job-replies")
+        await self._reader.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                deliveries = await self._transport.fetch(
-                    self.channel, self._group, self._consumer, 64, self._poll_timeout_s
-                )
-                for delivery in deliveries:
-                    await self._store_reply(delivery)
-                    await self._transport.ack(delivery)
-            except TransportClosed:
-                return
-            except Exception as exc:
-                log.warning("jobs.reply_failed", channel=self.channel, error=str(exc))
-                await asyncio.sleep(0.5)
+        await self._reader.aclose()
 
     async def _store_reply(self, delivery: Delivery) -> None:
         try:
