@@ -60,15 +60,15 @@ class InferenceService:
         entry, number = self.catalog.version(model, version)
         if not self.catalog.is_ready(entry.name, number):
             raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
-        request = self._envelope(entry.name, version, parsed, trace or {})
-        return replace(request, reply_to=reply_to, id=request_id or request.id)
+        return self._envelope(entry.name, version, parsed, trace or {}, reply_to, request_id or uuid.uuid4().hex)
 
     async def publish(self, request: Request) -> None:
         await self._transport.publish(
             channels.request_channel(request.model, self._settings.channel_prefix), encode_request(request)
         )
 
-    def _envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str]) -> Request:
+    def _envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str],
+                  reply_to: str, request_id: str) -> Request:
         params = dict(parsed.parameters)
         now = self._wall_ns()
         timeout_us = _int_param(params, "timeout")
@@ -76,10 +76,10 @@ class InferenceService:
         if sequence_id is not None and (isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str))):
             raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
         return Request(
-            id=uuid.uuid4().hex,
+            id=request_id,
             model=model,
             model_version=version,
-            reply_to=self._router.channel,
+            reply_to=reply_to,
             inputs=parsed.inputs,
             outputs=tuple(o.name for o in parsed.outputs),
             priority=_int_param(params, "priority"),
