@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,30 +86,38 @@ def _matching_brace(text: str, opening: int) -> int:
 
 
 @contextlib.contextmanager
-def ferry_server(repository: Path, log_path: Path, ready_timeout_s: float = 90.0) -> Iterator[RunningServer]:
-    """Run ``ferry serve`` until the block ends, then stop it with SIGTERM."""
+def ferry_server(repository: Path, log_path: Path, ready_timeout_s: float = 90.0,
+                 extra_args: Sequence[str] = ()) -> Iterator[RunningServer]:
+    """Run ``ferry serve`` (with ``extra_args``, e.g. ``--broker``) until the block ends, then SIGTERM it."""
     port = free_port()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--model-repository", str(repository),
-               "--http-port", str(port), "--host", HOST, "--log-format", "json"]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = spawn_ferry(["serve", "--model-repository", str(repository), "--http-port", str(port),
+                           "--host", HOST, *extra_args], log_path)
     try:
-        _wait_ready(process, port, log_path, ready_timeout_s)
+        wait_ready(process, port, log_path, ready_timeout_s)
         yield RunningServer(HOST, port, process.pid, log_path)
     finally:
-        _stop(process)
+        stop_process(process)
 
 
-def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float) -> None:
+def spawn_ferry(args: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``python -m gateway.cli ARGS`` in the repository root, JSON logs to ``log_path``."""
+    command = [sys.executable, "-m", "gateway.cli", *args, "--log-format", "json"]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float,
+               name: str = "ferry serve") -> None:
+    """Until ``GET /v2/health/ready`` answers 200; ``ServerError`` if ``process`` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ServerError(f"ferry serve exited with {process.returncode}:\n{_tail(log_path)}")
+            raise ServerError(f"{name} exited with {process.returncode}:\n{log_tail(log_path)}")
         if _ready_status(port) == 200:
             return
         time.sleep(0.2)
-    raise ServerError(f"ferry serve was not ready after {timeout_s:.0f} s:\n{_tail(log_path)}")
+    raise ServerError(f"{name} was not ready after {timeout_s:.0f} s:\n{log_tail(log_path)}")
 
 
 def _ready_status(port: int) -> int | None:
@@ -123,7 +131,8 @@ def _ready_status(port: int) -> int | None:
         connection.close()
 
 
-def _stop(process: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL once ``timeout_s`` has passed."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
@@ -134,5 +143,5 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
         process.wait()
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

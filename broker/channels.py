@@ -9,8 +9,18 @@ from __future__ import annotations
 PREFIX = "ferry"
 
 
-def request_channel(model: str, prefix: str = PREFIX) -> str:
-    return f"{prefix}.{model}.requests"
+def request_channel(model: str, prefix: str = PREFIX, level: int = 0) -> str:
+    """A model's request channel; a model with priority levels has one per
+    level (1 is the highest), ``ferry.<model>.requests.p<level>``."""
+    base = f"{prefix}.{model}.requests"
+    return f"{base}.p{level}" if level > 0 else base
+
+
+def request_channels(model: str, levels: int, prefix: str = PREFIX) -> tuple[str, ...]:
+    """Every request channel of a model, highest priority first."""
+    if levels <= 0:
+        return (request_channel(model, prefix),)
+    return tuple(request_channel(model, prefix, level) for level in range(1, levels + 1))
 
 
 def worker_group(model: str, prefix: str = PREFIX) -> str:
@@ -36,3 +46,16 @@ def heartbeat_key(worker_id: str, prefix: str = PREFIX) -> str:
 def heartbeat_pattern(prefix: str = PREFIX) -> str:
     """A glob matching every worker's heartbeat key."""
     return f"{prefix}.heartbeat.*"
+
+
+def job_reply_channel(prefix: str = PREFIX) -> str:
+    return f"{prefix}.jobs.replies"
+
+
+def job_reply_group(prefix: str = PREFIX) -> str:
+    # One group shared by every gateway, so each job reply is stored once.
+    return f"{prefix}.jobs.replies.gateways"
+
+
+def job_key(job_id: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}.job.{job_id}"

@@ -9,7 +9,8 @@ dies before acking leaves its work to be claimed by another.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,7 @@ class Delivery:
     payload: bytes
     attempts: int = 1
     headers: tuple[tuple[str, bytes], ...] = ()
+    consumer: str = ""
 
 
 class Transport(Protocol):
@@ -32,8 +34,36 @@ class Transport(Protocol):
         """Up to ``max_count`` messages for ``consumer`` of ``group``, waiting at
         most ``timeout_s`` for the first. Empty on timeout."""
 
+    async def fetch_first(
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
+        """Like ``fetch`` over several channels: messages from the first of
+        ``channels`` (in order) that has any, so earlier channels are drained
+        first. Waiting, it returns what arrives on any of them."""
+
     async def ack(self, delivery: Delivery) -> None:
         """Mark ``delivery`` done for its group."""
 
+    async def trim(self, channel: str) -> int:
+        """Drop messages every group has acked; never one a group has yet to
+        read or ack. Returns how many were dropped."""
+
+    async def backlog(self, channel: str, group: str) -> tuple[int, int]:
+        """(messages not yet delivered to ``group``, delivered but not acked)."""
+
     async def aclose(self) -> None:
         """Release resources; later calls raise TransportClosed."""
+
+
+@runtime_checkable
+class Reclaiming(Protocol):
+    """A transport that can hand stale pending deliveries to another consumer."""
+
+    async def claim_stale(
+        self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
+    ) -> list[Delivery]:
+        """Take over up to ``max_count`` deliveries unacked for ``min_idle_s``;
+        each comes back with its delivery count in ``attempts``."""
+
+    async def release(self, delivery: Delivery) -> None:
+        """Make an unacked delivery claimable at once, keeping its count."""

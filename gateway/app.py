@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, QueueFull
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
@@ -128,6 +128,10 @@ class _Api:
     async def _guard(self, handler: Callable[[Request], Any], request: Request) -> Response:
         try:
             return await handler(request)
+        except QueueFull as exc:
+            response = error_response(str(exc), status_for(exc))
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
         except (GatewayError, WorkerError) as exc:
             return error_response(str(exc), status_for(exc))
         except Exception as exc:

@@ -60,7 +60,10 @@ def _worker_options() -> argparse.ArgumentParser:
     options.add_argument("--claim-idle-s", type=float, default=10.0,
                          help="claim a delivery once it has gone unacked this long")
     options.add_argument("--max-deliveries", type=int, default=5,
-                         help="dead-letter a request delivered more often than this")
+                         help="dead-letter a request after this many deliveries")
+    options.add_argument("--retry-failures", action=argparse.BooleanOptionalAction, default=None,
+                         help="when a model raises, let any worker retry the request (up to --max-deliveries) "
+                              "instead of answering with the error; default: on with a shared broker")
     return options
 
 
@@ -96,7 +99,11 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 
 def _worker_settings(args: argparse.Namespace) -> WorkerSettings:
-    recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries)
+    retry = args.retry_failures
+    if retry is None:
+        # Only on a shared broker can another worker take the retry.
+        retry = urlsplit(args.broker).scheme != "memory"
+    recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries, retry)
     models = tuple(name.strip() for name in args.models.split(",") if name.strip())
     if args.worker_id:
         return WorkerSettings(worker_id=args.worker_id, models=models, recovery=recovery)

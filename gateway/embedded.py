@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from broker.transport import Transport
 from broker.transports import open_transport
 from gateway.app import HttpSettings, create_app
+from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.jobs import build_jobs, open_job_store
 from gateway.replies import ReplyRouter
@@ -42,11 +43,13 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     """The whole stack as an ASGI app; everything starts in its lifespan."""
     transport = transport or open_transport(settings.broker_url)
     repository = ModelRepository(settings.model_repository)
-    worker = Worker(transport, repository, settings.worker)
+    store = open_job_store(settings.broker_url)
+    worker = Worker(transport, repository, settings.worker, job_gate=store)
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(repository, worker.ready_models)
-    service = InferenceService(transport, router, catalog, settings.service)
-    jobs = build_jobs(transport, open_job_store(settings.broker_url), service, settings.gateway_id)
+    limits = QueueLimits(transport, settings.service.channel_prefix)
+    service = InferenceService(transport, router, catalog, settings.service, limits=limits)
+    jobs = build_jobs(transport, store, service, settings.gateway_id)
     heartbeats = _shared_heartbeats(settings)
     heartbeat = None if heartbeats is None else Heartbeat(
         heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat

@@ -4,6 +4,7 @@
      ├── InvalidRequest    the client's request is malformed or inconsistent
      ├── PayloadTooLarge   the request body exceeds the configured limit
      ├── ModelUnavailable  the model exists but no worker serves it yet
+ │    └── QueueFull     the model's queue holds max_queue_size requests
      ├── UpstreamTimeout   no reply arrived from the workers in time
      ├── JobNotFound       no async job has this id
      └── JobConflict       the async job is past the state the request needs
@@ -28,6 +29,14 @@ class PayloadTooLarge(GatewayError):
 
 class ModelUnavailable(GatewayError):
     """The model exists but no worker serves it yet."""
+
+
+class QueueFull(ModelUnavailable):
+    """The model's queue is full; the client may retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamTimeout(GatewayError):

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from broker.errors import TransportError
 from broker.transports import open_transport
 from gateway.app import create_app
+from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.jobs import build_jobs, open_job_store
 from gateway.embedded import ServeSettings
@@ -96,7 +97,8 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
     readiness = FleetReadiness(heartbeats, readiness_refresh_s)
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness)
-    service = InferenceService(transport, router, catalog, settings.service)
+    limits = QueueLimits(transport, settings.service.channel_prefix)
+    service = InferenceService(transport, router, catalog, settings.service, limits=limits)
     jobs = build_jobs(transport, open_job_store(settings.broker_url), service, settings.gateway_id)
 
     @contextlib.asynccontextmanager
@@ -124,7 +126,8 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     transport = open_transport(settings.broker_url)
     heartbeats = RedisHeartbeats(settings.broker_url, settings.worker.channel_prefix)
-    worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker)
+    job_gate = open_job_store(settings.broker_url, prefix=settings.worker.channel_prefix)
+    worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker, job_gate=job_gate)
     heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
     try:
         await worker.start()
@@ -139,5 +142,6 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
         await heartbeat.aclose()
         await worker.aclose()
         await heartbeats.aclose()
+        await job_gate.aclose()
         await transport.aclose()
     log.info("worker.stopped", worker=worker.worker_id)

@@ -1,5 +1,10 @@
 """The gateway's one core object: turn a parsed V2 request into an envelope,
-put it on the model's request channel, and wait for its reply."""
+put it on the model's request channel, and wait for its reply.
+
+A model with priority levels has one request channel per level; the request
+goes to the channel of its ``priority`` parameter, or of the model's
+``default_priority_level``. A model with ``max_queue_size`` is first asked
+for room (``gateway.admission``)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from dataclasses import dataclass, replace
 from broker import channels
 from broker.envelope import Request, Response, encode_request
 from broker.transport import Transport
+from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
 from gateway.replies import ReplyRouter
@@ -32,8 +38,10 @@ class InferenceService:
         catalog: ModelCatalog,
         settings: ServiceSettings = ServiceSettings(),
         wall_ns: Callable[[], int] = time.time_ns,
+        limits: QueueLimits | None = None,
     ) -> None:
         self._transport = transport
+        self._limits = limits
         self._router = router
         self.catalog = catalog
         self._settings = settings
@@ -63,15 +71,20 @@ class InferenceService:
         return self._envelope(entry.name, version, parsed, trace or {}, reply_to, request_id or uuid.uuid4().hex)
 
     async def publish(self, request: Request) -> None:
-        await self._transport.publish(
-            channels.request_channel(request.model, self._settings.channel_prefix), encode_request(request)
-        )
+        config = self.catalog.entry(request.model).config
+        if self._limits is not None:
+            await self._limits.admit(request.model, config)
+        channel = channels.request_channel(request.model, self._settings.channel_prefix,
+                                           config.priority_level(request.priority))
+        await self._transport.publish(channel, encode_request(request))
 
     def _envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str],
                   reply_to: str, request_id: str) -> Request:
         params = dict(parsed.parameters)
         now = self._wall_ns()
         timeout_us = _int_param(params, "timeout")
+        priority = _int_param(params, "priority")
+        self.catalog.entry(model).config.priority_level(priority)  # refuse a bad level before publishing
         sequence_id = params.pop("sequence_id", None)
         if sequence_id is not None and (isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str))):
             raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
@@ -82,7 +95,7 @@ class InferenceService:
             reply_to=reply_to,
             inputs=parsed.inputs,
             outputs=tuple(o.name for o in parsed.outputs),
-            priority=_int_param(params, "priority"),
+            priority=priority,
             timeout_us=timeout_us,
             deadline_ns=now + timeout_us * 1000 if timeout_us else 0,
             sequence_id=sequence_id,

@@ -14,3 +14,20 @@ def redis_url() -> Iterator[str]:
         pytest.skip(str(exc))
     with server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A real single-node Kafka broker for the whole session, started only when a test asks for it.
+
+    Skips when there is no java; a failed jar fetch or broker start fails loudly.
+    The jars are fetched lazily into ~/.cache/ferry on first use.
+    """
+    from tests.kafka_server import JavaNotFoundError, KafkaServer
+
+    try:
+        server = KafkaServer()
+    except JavaNotFoundError as exc:
+        pytest.skip(str(exc))
+    with server:
+        yield server.bootstrap

@@ -21,7 +21,7 @@ import structlog
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
 from workers.datatypes import DATATYPES, element_count, from_config_name, to_config_name
-from workers.errors import ConfigError, TensorError
+from workers.errors import ConfigError, InvalidInput, TensorError
 from workers.pbtxt import parse_file
 
 log = structlog.get_logger(__name__)
@@ -185,6 +185,29 @@ class ModelConfig(_Model):
     def extras(self) -> dict[str, Any]:
         """Top-level fields ferry keeps but does not implement, as parsed."""
         return dict(self.model_extra or {})
+
+    @property
+    def priority_levels(self) -> int:
+        return self.dynamic_batching.priority_levels if self.dynamic_batching else 0
+
+    @property
+    def queue_policy(self) -> QueuePolicy:
+        return self.dynamic_batching.default_queue_policy if self.dynamic_batching else QueuePolicy()
+
+    def priority_level(self, priority: int) -> int:
+        """The level a request's ``priority`` parameter names (0: the default
+        level); 0 for a model without levels. Raises InvalidInput otherwise."""
+        levels = self.priority_levels
+        if levels == 0:
+            if priority != 0:
+                raise InvalidInput(f"parameter 'priority': model '{self.name}' has no priority levels")
+            return 0
+        assert self.dynamic_batching is not None
+        level = priority or self.dynamic_batching.default_priority_level
+        if not 1 <= level <= levels:
+            raise InvalidInput(f"parameter 'priority' must be between 1 and {levels} for model "
+                               f"'{self.name}', got {priority}")
+        return level
 
     def input(self, name: str) -> InputConfig | None:
         return next((tensor for tensor in self.inputs if tensor.name == name), None)

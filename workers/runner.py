@@ -17,7 +17,7 @@ from workers.batching.driver import DynamicBatcher
 from workers.batching.forming import BatchPolicy
 from workers.batching.tensors import batch_key, merge, rows_of, split
 from workers.config import ModelConfig
-from workers.errors import ExecutionError, InvalidInput, WorkerError
+from workers.errors import ExecutionError, RequestTimeout, WorkerError
 from workers.repository import ModelEntry
 from workers.validation import check_outputs, prepare_inputs
 
@@ -86,16 +86,29 @@ class ModelRunner:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
+    @property
+    def priority_levels(self) -> int:
+        return self.config.priority_levels
+
+    @property
+    def capacity(self) -> int:
+        """Requests one full round of this model's instances takes at once."""
+        rows = max(1, self.config.max_batch_size)
+        return rows * sum(group.count for group in self.config.instance_groups)
+
     async def infer(self, request: Request) -> Tensors:
         assert self._batcher is not None, "infer() before start()"
+        deadline = self._deadline(request)
+        if deadline is not None and deadline <= self._clocks.monotonic():
+            raise RequestTimeout(f"request to model '{self.entry.name}' timed out in the queue before compute")
         inputs = prepare_inputs(self.config, request.inputs)
         check_outputs(self.config, request.outputs)
         outputs = await self._batcher.submit(
             inputs,
             rows=rows_of(inputs) if self.config.max_batch_size > 0 else 1,
             key=batch_key(inputs),
-            priority=self._priority(request.priority),
-            deadline=self._deadline(request),
+            priority=self.config.priority_level(request.priority),
+            deadline=deadline,
         )
         if request.outputs:
             return {name: outputs[name] for name in request.outputs}
@@ -116,20 +129,16 @@ class ModelRunner:
                 ))
         return contexts
 
-    def _priority(self, requested: int) -> int:
-        dynamic = self.config.dynamic_batching
-        levels = dynamic.priority_levels if dynamic else 0
-        if requested == 0:
-            return dynamic.default_priority_level if dynamic else 0
-        if levels == 0 or not 1 <= requested <= levels:
-            raise InvalidInput(f"priority {requested} is outside the {levels} priority levels "
-                               f"of model '{self.entry.name}'")
-        return requested
-
     def _deadline(self, request: Request) -> float | None:
-        if request.deadline_ns <= 0:
+        """The request's own deadline, else the model's default timeout counted
+        from when the gateway enqueued it (Triton's default_timeout_microseconds)."""
+        deadline_ns = request.deadline_ns
+        default_us = self.config.queue_policy.default_timeout_microseconds
+        if deadline_ns <= 0 and default_us > 0 and request.created_ns > 0:
+            deadline_ns = request.created_ns + default_us * 1000
+        if deadline_ns <= 0:
             return None
-        remaining_s = (request.deadline_ns - self._clocks.wall_ns()) / 1e9
+        remaining_s = (deadline_ns - self._clocks.wall_ns()) / 1e9
         return self._clocks.monotonic() + remaining_s
 
     async def _run_batch(self, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:

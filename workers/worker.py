@@ -6,8 +6,19 @@ a request are answered with an error when a reply channel can still be read
 from them, and otherwise go to the dead-letter channel; either way the loop
 keeps consuming.
 
-Deliveries a dead consumer left pending are claimed every
-``recovery.interval_s`` and handled like fresh ones (see ``workers.recovery``).
+A model with priority levels has a request channel per level; the worker
+drains the highest level first. Each model may hold at most ``prefetch``
+rounds of its instances' capacity in flight, so on a shared broker the queue
+stays on the broker for idle workers instead of piling up on a busy one.
+
+Every ``recovery.interval_s`` the worker claims deliveries a dead consumer
+left pending and handles them like fresh ones (see ``workers.recovery``), and
+trims what every group has acked from its request channels.
+
+A job request (one that replies to the job channel) is first passed to the
+``JobGate``, which marks it running, or says it was cancelled or expired and
+must not be computed.
+
 ``drain()`` stops fetching and waits for what is in flight to be answered and
 acked, for a clean shutdown.
 """
@@ -19,20 +30,20 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgpack
+from typing import Protocol
+
 import numpy as np
 import structlog
 
 from broker import channels
-from broker.envelope import (
-    ErrorInfo, Request, Response, WireTensor, decode_request, encode_response, peek_reply_to,
-)
+from broker.envelope import ErrorInfo, Request, Response, WireTensor, decode_request, encode_response
 from broker.errors import EnvelopeError, TransportClosed
-from broker.transport import Delivery, Transport
+from broker.transport import Delivery, Reclaiming, Transport
 from workers.datatypes import encode_array
+from workers.deadletter import DeadLetters
 from workers.errors import ModelNotFound
 from workers.recovery import (
-    Reclaiming, RecoverySettings, dead_letter_reason, exhausted, exhausted_error,
+    RETRIABLE_CODES, RecoverySettings, dead_letter_reason, exhausted, exhausted_error,
 )
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.runner import ModelRunner, error_of
@@ -46,12 +57,31 @@ class WorkerSettings:
     models: tuple[str, ...] = ()  # empty: every model in the repository
     fetch_count: int = 64
     max_in_flight: int = 512
+    prefetch: int = 2  # rounds of a model's instance capacity held in flight
     poll_timeout_s: float = 1.0
     channel_prefix: str = channels.PREFIX
     recovery: RecoverySettings = RecoverySettings()
 
 
 RunnerFactory = Callable[[ModelEntry, int], ModelRunner]
+
+
+class JobGate(Protocol):
+    async def begin(self, job_id: str) -> bool:
+        """Mark a queued job running; False if it was cancelled or has expired."""
+
+
+class _Credit:
+    """How many more deliveries one model may take."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.freed = asyncio.Event()
+
+    @property
+    def room(self) -> int:
+        return max(0, self.limit - self.used)
 
 
 class Worker:
@@ -61,8 +91,12 @@ class Worker:
         repository: ModelRepository,
         settings: WorkerSettings = WorkerSettings(),
         runner_factory: RunnerFactory = ModelRunner,
+        job_gate: JobGate | None = None,
     ) -> None:
         self._transport = transport
+        self._dead_letters = DeadLetters(transport, settings.channel_prefix)
+        self._job_gate = job_gate
+        self._job_channel = channels.job_reply_channel(settings.channel_prefix)
         self._repository = repository
         self._settings = settings
         self._runner_factory = runner_factory
@@ -71,8 +105,7 @@ class Worker:
         self._reclaimer: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._handlers: set[asyncio.Task[None]] = set()
-        self._in_flight = 0
-        self._has_room = asyncio.Event()
+        self._credits: dict[str, _Credit] = {}
 
     @property
     def worker_id(self) -> str:
@@ -96,10 +129,13 @@ class Worker:
                           reason=str(index.errors.get(name, "not in the repository")))
                 continue
             await self._load(entry)
-        for name in self._runners:
+        for name, versions in self._runners.items():
+            capacity = max(runner.capacity for runner in versions.values())
+            limit = min(self._settings.max_in_flight, capacity * max(1, self._settings.prefetch))
+            self._credits[name] = _Credit(max(limit, 1))
             self._consumers.append(asyncio.create_task(self._consume(name), name=f"consume-{name}"))
-        if isinstance(self._transport, Reclaiming) and self._runners:
-            self._reclaimer = asyncio.create_task(self._reclaim(self._transport), name="reclaim")
+        if self._runners:
+            self._reclaimer = asyncio.create_task(self._maintain(), name="maintain")
 
     def ready_models(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(sorted(versions)) for name, versions in self._runners.items()}
@@ -107,7 +143,8 @@ class Worker:
     async def drain(self) -> None:
         """Stop fetching; return once every delivery taken so far is answered and acked."""
         self._stopping.set()
-        self._has_room.set()
+        for credit in self._credits.values():
+            credit.freed.set()
         await self._stop_reclaiming()
         # Each consumer finishes the fetch it is in (at most poll_timeout_s), so
         # nothing Redis already handed this consumer is left unhandled.
@@ -137,44 +174,50 @@ class Worker:
                 continue
             self._runners.setdefault(entry.name, {})[version] = runner
 
+    def _channels(self, model: str) -> tuple[str, ...]:
+        levels = max(runner.priority_levels for runner in self._runners[model].values())
+        return channels.request_channels(model, levels, self._settings.channel_prefix)
+
     async def _consume(self, model: str) -> None:
-        prefix = self._settings.channel_prefix
-        channel = channels.request_channel(model, prefix)
-        group = channels.worker_group(model, prefix)
+        names = self._channels(model)
+        group = channels.worker_group(model, self._settings.channel_prefix)
+        credit = self._credits[model]
         while not self._stopping.is_set():
-            await self._room()
+            while credit.room == 0 and not self._stopping.is_set():
+                credit.freed.clear()
+                await credit.freed.wait()
             if self._stopping.is_set():
                 return
-            limit = min(self._settings.fetch_count, self._settings.max_in_flight - self._in_flight)
+            limit = min(self._settings.fetch_count, credit.room)
             try:
-                deliveries = await self._transport.fetch(
-                    channel, group, self.worker_id, limit, self._settings.poll_timeout_s
+                deliveries = await self._transport.fetch_first(
+                    names, group, self.worker_id, limit, self._settings.poll_timeout_s
                 )
             except TransportClosed:
                 return
             except Exception as exc:
-                log.warning("worker.fetch_failed", channel=channel, error=str(exc))
+                log.warning("worker.fetch_failed", channels=names, error=str(exc))
                 await asyncio.sleep(0.5)
                 continue
             self._dispatch(model, deliveries)
 
-    async def _reclaim(self, transport: Reclaiming) -> None:
+    async def _maintain(self) -> None:
         recovery = self._settings.recovery
         while True:
             await asyncio.sleep(recovery.interval_s)
             for model in list(self._runners):
-                await self._reclaim_model(transport, model, recovery)
+                for channel in self._channels(model):
+                    if isinstance(self._transport, Reclaiming):
+                        await self._reclaim(self._transport, model, channel, recovery)
+                    await self._trim(channel)
 
-    async def _reclaim_model(self, transport: Reclaiming, model: str, recovery: RecoverySettings) -> None:
-        room = min(self._settings.fetch_count, self._settings.max_in_flight - self._in_flight)
+    async def _reclaim(self, transport: Reclaiming, model: str, channel: str, recovery: RecoverySettings) -> None:
+        room = min(self._settings.fetch_count, self._credits[model].room)
         if room <= 0:
             return
-        prefix = self._settings.channel_prefix
-        channel = channels.request_channel(model, prefix)
+        group = channels.worker_group(model, self._settings.channel_prefix)
         try:
-            deliveries = await transport.claim_stale(
-                channel, channels.worker_group(model, prefix), self.worker_id, recovery.idle_s, room
-            )
+            deliveries = await transport.claim_stale(channel, group, self.worker_id, recovery.idle_s, room)
         except TransportClosed:
             return
         except Exception as exc:
@@ -184,6 +227,14 @@ class Worker:
             log.info("worker.claimed", channel=channel, count=len(deliveries), worker=self.worker_id)
         self._dispatch(model, deliveries)
 
+    async def _trim(self, channel: str) -> None:
+        try:
+            await self._transport.trim(channel)
+        except TransportClosed:
+            return
+        except Exception as exc:
+            log.warning("worker.trim_failed", channel=channel, error=str(exc))
+
     async def _stop_reclaiming(self) -> None:
         if self._reclaimer is not None:
             self._reclaimer.cancel()
@@ -191,36 +242,64 @@ class Worker:
             self._reclaimer = None
 
     def _dispatch(self, model: str, deliveries: list[Delivery]) -> None:
+        credit = self._credits[model]
         for delivery in deliveries:
-            self._in_flight += 1
+            credit.used += 1
             task = asyncio.create_task(self._handle(model, delivery))
             self._handlers.add(task)
-            task.add_done_callback(self._handler_done)
+            task.add_done_callback(lambda done: self._handler_done(done, credit))
 
-    async def _room(self) -> None:
-        while self._in_flight >= self._settings.max_in_flight and not self._stopping.is_set():
-            self._has_room.clear()
-            await self._has_room.wait()
-
-    def _handler_done(self, task: asyncio.Task[None]) -> None:
+    def _handler_done(self, task: asyncio.Task[None], credit: _Credit) -> None:
         self._handlers.discard(task)
-        self._in_flight -= 1
-        self._has_room.set()
+        credit.used -= 1
+        credit.freed.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("worker.handler_failed", error=repr(task.exception()))
 
     async def _handle(self, model: str, delivery: Delivery) -> None:
         if exhausted(delivery, self._settings.recovery):
-            await self._give_up(delivery)
+            await self._dead_letters.give_up(
+                delivery, dead_letter_reason(delivery), exhausted_error(delivery, self._settings.recovery)
+            )
+            await self._transport.ack(delivery)
             return
         try:
             request = decode_request(delivery.payload)
         except EnvelopeError as exc:
-            await self._reject(delivery, str(exc))
+            await self._dead_letters.reject(delivery, str(exc))
+            await self._transport.ack(delivery)
+            return
+        if not await self._may_start(request):
+            log.info("worker.job_skipped", model=model, request_id=request.id)
+            await self._transport.ack(delivery)
             return
         response = await self._respond(model, request)
+        if response.error is not None and await self._retry_or_give_up(delivery, response.error):
+            return
         await self._transport.publish(request.reply_to, encode_response(response))
         await self._transport.ack(delivery)
+
+    async def _may_start(self, request: Request) -> bool:
+        if self._job_gate is None or request.reply_to != self._job_channel:
+            return True
+        return await self._job_gate.begin(request.id)
+
+    async def _retry_or_give_up(self, delivery: Delivery, error: ErrorInfo) -> bool:
+        """For a failed request: True if it was released for another try or
+        dead-lettered (and answered), False if its error is the answer."""
+        recovery = self._settings.recovery
+        if not recovery.retry_failures or error.code not in RETRIABLE_CODES:
+            return False
+        if delivery.attempts < recovery.max_deliveries and isinstance(self._transport, Reclaiming):
+            await self._transport.release(delivery)
+            log.info("worker.released", channel=delivery.channel, message_id=delivery.message_id,
+                     attempts=delivery.attempts, error=error.message)
+            return True
+        await self._dead_letters.give_up(
+            delivery, dead_letter_reason(delivery, error), exhausted_error(delivery, recovery, error)
+        )
+        await self._transport.ack(delivery)
+        return True
 
     async def _respond(self, model: str, request: Request) -> Response:
         try:
@@ -251,48 +330,6 @@ class Worker:
             return versions[int(request.model_version)]
         except (ValueError, KeyError):
             raise ModelNotFound(f"model '{model}' has no version '{request.model_version}' loaded") from None
-
-    async def _reject(self, delivery: Delivery, reason: str) -> None:
-        target = peek_reply_to(delivery.payload)
-        if target is not None:
-            request_id, reply_to = target
-            error = ErrorInfo("invalid_argument", f"malformed request envelope: {reason}")
-            await self._transport.publish(reply_to, encode_response(Response(id=request_id, model="", error=error)))
-        else:
-            await self._transport.publish(
-                channels.dead_letter_channel(self._settings.channel_prefix),
-                encode_dead_letter(delivery, reason),
-            )
-        log.warning("worker.bad_message", channel=delivery.channel, message_id=delivery.message_id,
-                    reason=reason, answered=target is not None)
-        await self._transport.ack(delivery)
-
-
-    async def _give_up(self, delivery: Delivery) -> None:
-        reason = dead_letter_reason(delivery)
-        await self._transport.publish(
-            channels.dead_letter_channel(self._settings.channel_prefix), encode_dead_letter(delivery, reason)
-        )
-        target = peek_reply_to(delivery.payload)
-        if target is not None:
-            request_id, reply_to = target
-            error = exhausted_error(delivery, self._settings.recovery)
-            await self._transport.publish(reply_to, encode_response(Response(id=request_id, model="", error=error)))
-        log.warning("worker.dead_lettered", channel=delivery.channel, message_id=delivery.message_id,
-                    reason=reason, answered=target is not None)
-        await self._transport.ack(delivery)
-
-
-def encode_dead_letter(delivery: Delivery, reason: str) -> bytes:
-    return msgpack.packb({
-        "v": 1,
-        "kind": "dead_letter",
-        "channel": delivery.channel,
-        "message_id": delivery.message_id,
-        "attempts": delivery.attempts,
-        "reason": reason,
-        "payload": delivery.payload,
-    }, use_bin_type=True)
 
 
 def _wire(name: str, array: np.ndarray) -> WireTensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker.errors import TransportClosed
@@ -67,15 +67,24 @@ class MemoryTransport:
     async def fetch(
         self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
     ) -> list[Delivery]:
+        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
+
+    async def fetch_first(
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
+        """Messages from the first of ``channels`` that has any, waiting at most
+        ``timeout_s`` for one to arrive on any of them."""
         self._check_open()
-        state = self._channel(channel)
-        members = state.groups.get(group)
-        if members is None:
-            members = state.groups[group] = _Group(cursor=state.first_seq)
-        if members.cursor >= state.end_seq and timeout_s > 0:
-            await self._wait(state, timeout_s)
+        states = [(name, self._channel(name)) for name in channels]
+        members = [self._group(state, group) for _, state in states]
+        if all(m.cursor >= state.end_seq for m, (_, state) in zip(members, states)) and timeout_s > 0:
+            await self._wait([state for _, state in states], timeout_s)
             self._check_open()
-        return self._take(channel, state, group, members, consumer, max_count)
+        for (name, state), group_state in zip(states, members):
+            taken = self._take(name, state, group, group_state, consumer, max_count)
+            if taken:
+                return taken
+        return []
 
     async def ack(self, delivery: Delivery) -> None:
         self._check_open()
@@ -84,6 +93,12 @@ class MemoryTransport:
             return
         state.groups[delivery.group].pending.pop(int(delivery.message_id), None)
         self._trim(state)
+
+    async def trim(self, channel: str) -> int:
+        """Acked messages are already dropped on ack; this only reports zero."""
+        self._check_open()
+        state = self._channels.get(channel)
+        return 0 if state is None else self._trim(state)
 
     async def claim_stale(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
@@ -101,7 +116,7 @@ class MemoryTransport:
             if now - entry.delivered_at >= min_idle_s:
                 entry.consumer, entry.delivered_at = consumer, now
                 entry.attempts += 1
-                claimed.append(Delivery(channel, group, str(seq), entry.payload, entry.attempts))
+                claimed.append(Delivery(channel, group, str(seq), entry.payload, entry.attempts, consumer=consumer))
         return claimed
 
     async def backlog(self, channel: str, group: str) -> tuple[int, int]:
@@ -114,6 +129,15 @@ class MemoryTransport:
         if members is None:
             return len(state.log), 0
         return state.end_seq - members.cursor, len(members.pending)
+
+    async def release(self, delivery: Delivery) -> None:
+        """Make an unacked delivery claimable at once, for a retry elsewhere."""
+        self._check_open()
+        state = self._channels.get(delivery.channel)
+        members = None if state is None else state.groups.get(delivery.group)
+        entry = None if members is None else members.pending.get(int(delivery.message_id))
+        if entry is not None:
+            entry.delivered_at = float("-inf")
 
     async def aclose(self) -> None:
         self._closed = True
@@ -130,6 +154,13 @@ class MemoryTransport:
             state = self._channels[name] = _Channel()
         return state
 
+    @staticmethod
+    def _group(state: _Channel, group: str) -> _Group:
+        members = state.groups.get(group)
+        if members is None:
+            members = state.groups[group] = _Group(cursor=state.first_seq)
+        return members
+
     def _take(
         self, channel: str, state: _Channel, group: str, members: _Group, consumer: str, limit: int
     ) -> list[Delivery]:
@@ -140,20 +171,22 @@ class MemoryTransport:
             payload = state.log[seq - state.first_seq]
             members.pending[seq] = _Pending(payload, consumer, now, 1)
             members.cursor += 1
-            deliveries.append(Delivery(channel, group, str(seq), payload, 1))
+            deliveries.append(Delivery(channel, group, str(seq), payload, 1, consumer=consumer))
         return deliveries
 
-    async def _wait(self, state: _Channel, timeout_s: float) -> None:
+    async def _wait(self, states: list[_Channel], timeout_s: float) -> None:
         waiter = asyncio.get_running_loop().create_future()
-        state.waiters.append(waiter)
+        for state in states:
+            state.waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout_s):
                 await waiter
         except TimeoutError:
             pass
         finally:
-            if waiter in state.waiters:
-                state.waiters.remove(waiter)
+            for state in states:
+                if waiter in state.waiters:
+                    state.waiters.remove(waiter)
 
     @staticmethod
     def _wake(state: _Channel) -> None:
@@ -163,14 +196,17 @@ class MemoryTransport:
                 waiter.set_result(None)
 
     @staticmethod
-    def _trim(state: _Channel) -> None:
+    def _trim(state: _Channel) -> int:
         # Keep everything some group has yet to read or ack; with no group yet,
         # keep it all so a consumer that starts late still sees it.
         if not state.groups:
-            return
+            return 0
         keep_from = min(
             min(members.pending, default=members.cursor) for members in state.groups.values()
         )
+        dropped = 0
         while state.first_seq < keep_from and state.log:
             state.log.popleft()
             state.first_seq += 1
+            dropped += 1
+        return dropped

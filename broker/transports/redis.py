@@ -7,14 +7,18 @@ published before the group existed are still delivered to it, as the memory
 transport does. ``claim_stale`` is XAUTOCLAIM; a claimed delivery's
 ``attempts`` is the entry's delivery count from XPENDING.
 
-Nothing is trimmed yet: a stream grows until trimming that never drops
-entries some group has yet to read or ack is added.
+``trim`` is one Lua script, so it is atomic: it finds, over every group of
+the stream, the oldest entry still pending or not yet delivered, and XTRIMs
+with MINID just below it. An entry some group has yet to read or ack is never
+dropped. (A group created *after* a trim starts from what is left.)
+``release`` re-claims a delivery with a large IDLE, so the next
+``claim_stale`` by any consumer takes it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,6 +29,31 @@ from broker.errors import TransportClosed, TransportError
 from broker.transport import Delivery
 
 PAYLOAD_FIELD = b"d"
+# Release: an idle time far beyond any claim threshold.
+RELEASED_IDLE_MS = 10**12
+_TRIM_ACKED = """
+local function older(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return 0 end
+local floor = nil
+for _, flat in ipairs(groups) do
+  local info = {}
+  for i = 1, #flat, 2 do info[flat[i]] = flat[i + 1] end
+  -- Everything after last-delivered-id is unread; keep that entry itself too.
+  local keep = info['last-delivered-id']
+  if tonumber(info['pending']) > 0 then
+    keep = redis.call('XPENDING', KEYS[1], info['name'])[2]
+  end
+  if floor == nil or older(keep, floor) then floor = keep end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', floor)
+"""
 # XAUTOCLAIM scans a bounded number of pending entries per call; a sweep stops
 # after this many calls even if the cursor has not come round.
 MAX_CLAIM_ROUNDS = 100
@@ -40,6 +69,7 @@ class RedisTransport:
         self._groups: set[tuple[str, str]] = set()
         self._reads: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._trim_acked = self._redis.register_script(_TRIM_ACKED)
 
     async def __aenter__(self) -> RedisTransport:
         return self
@@ -56,28 +86,43 @@ class RedisTransport:
     async def fetch(
         self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
     ) -> list[Delivery]:
+        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
+
+    async def fetch_first(
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
         self._check_open()
         with self._edge():
-            await self._ensure_group(channel, group)
-            try:
-                reply = await self._read(channel, group, consumer, max_count, timeout_s)
-            except ResponseError as exc:
-                if not _is_nogroup(exc):
-                    raise
-                # The stream or group vanished under us (deleted, flushed).
-                self._groups.discard((channel, group))
+            for channel in channels:
                 await self._ensure_group(channel, group)
-                reply = await self._read(channel, group, consumer, max_count, timeout_s)
-        return [
-            Delivery(channel, group, _text(message_id), _payload(fields))
-            for _, entries in reply
-            for message_id, fields in entries
-        ]
+            # With several channels, look at each in order without waiting, so
+            # an earlier one is drained before a later one is read at all.
+            if len(channels) > 1:
+                for channel in channels:
+                    reply = await self._read_group((channel,), group, consumer, max_count, 0)
+                    if reply:
+                        return self._deliveries(reply, group, consumer)
+            reply = await self._read_group(channels, group, consumer, max_count, timeout_s)
+        return self._deliveries(reply, group, consumer)
 
     async def ack(self, delivery: Delivery) -> None:
         self._check_open()
         with self._edge():
             await self._redis.xack(delivery.channel, delivery.group, delivery.message_id)
+
+    async def trim(self, channel: str) -> int:
+        self._check_open()
+        with self._edge():
+            return int(await self._trim_acked(keys=[channel]))
+
+    async def release(self, delivery: Delivery) -> None:
+        """Make an unacked delivery claimable at once, keeping its delivery count."""
+        self._check_open()
+        with self._edge():
+            await self._redis.xclaim(
+                delivery.channel, delivery.group, delivery.consumer or "released", 0, [delivery.message_id],
+                idle=RELEASED_IDLE_MS, retrycount=delivery.attempts, justid=True,
+            )
 
     async def claim_stale(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
@@ -95,7 +140,7 @@ class RedisTransport:
         # An entry acked between the two calls is done; handing it out again
         # would only repeat finished work.
         return [
-            Delivery(channel, group, _text(mid), _payload(fields), attempts[_text(mid)])
+            Delivery(channel, group, _text(mid), _payload(fields), attempts[_text(mid)], consumer=consumer)
             for mid, fields in entries
             if _text(mid) in attempts
         ]
@@ -151,25 +196,52 @@ class RedisTransport:
                 raise
         self._groups.add((channel, group))
 
+    async def _read_group(
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Any]:
+        try:
+            return await self._read(channels, group, consumer, max_count, timeout_s)
+        except ResponseError as exc:
+            if not _is_nogroup(exc):
+                raise
+            # A stream or group vanished under us (deleted, flushed).
+            for channel in channels:
+                self._groups.discard((channel, group))
+                await self._ensure_group(channel, group)
+            return await self._read(channels, group, consumer, max_count, timeout_s)
+
     async def _read(
-        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
     ) -> list[Any]:
         # BLOCK 0 would wait forever, so a zero timeout omits BLOCK instead.
         block = max(1, round(timeout_s * 1000)) if timeout_s > 0 else None
-        read = asyncio.ensure_future(
-            self._redis.xreadgroup(group, consumer, {channel: ">"}, count=max_count, block=block)
-        )
+        read = asyncio.ensure_future(self._redis.xreadgroup(
+            group, consumer, {channel: ">" for channel in channels}, count=max_count, block=block
+        ))
         self._reads.add(read)
+        current = asyncio.current_task()
         try:
             reply = await read
         except asyncio.CancelledError:
-            current = asyncio.current_task()
             if self._closed and (current is None or current.cancelling() == 0):
                 raise TransportClosed("redis transport is closed") from None
             raise
         finally:
             self._reads.discard(read)
+        if current is not None and current.cancelling():
+            # Cancelling us cancelled the read, but redis-py can absorb that and
+            # return normally; the caller must still see its cancellation, or a
+            # reader loop being shut down would go on reading forever.
+            raise asyncio.CancelledError
         return list(reply or [])
+
+    @staticmethod
+    def _deliveries(reply: list[Any], group: str, consumer: str) -> list[Delivery]:
+        return [
+            Delivery(_text(stream), group, _text(message_id), _payload(fields), consumer=consumer)
+            for stream, entries in reply
+            for message_id, fields in entries
+        ]
 
     async def _autoclaim(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int

@@ -7,7 +7,6 @@
     redis_store.py   RedisJobStore (ferry.job.<id> hashes with EXPIRE)
     job.py           Job, JobStatus, Rendering and their msgpack form
     prefer.py        the RFC 7240 Prefer header
-    names.py         channel, group and key names
 """
 
 from urllib.parse import urlsplit

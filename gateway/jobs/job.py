@@ -20,7 +20,7 @@ from gateway.v2_codec import RequestedOutput
 
 class JobStatus(enum.StrEnum):
     QUEUED = "queued"
-    RUNNING = "running"  # reserved: workers do not report starting yet
+    RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     EXPIRED = "expired"

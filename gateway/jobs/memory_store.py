@@ -15,6 +15,10 @@ from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.store import DEFAULT_TTL_S
 
 
+_QUEUED = frozenset({JobStatus.QUEUED})
+_UNFINISHED = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
 @dataclass(slots=True)
 class _Entry:
     job: Job
@@ -45,11 +49,14 @@ class MemoryJobStore:
             return replace(entry.job, status=JobStatus.EXPIRED, result=b"")
         return entry.job
 
+    async def begin(self, job_id: str) -> bool:
+        return self._move(job_id, JobStatus.RUNNING, b"", _QUEUED)
+
     async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
-        return self._move(job_id, status, result)
+        return self._move(job_id, status, result, _UNFINISHED)
 
     async def cancel(self, job_id: str) -> Job | None:
-        self._move(job_id, JobStatus.CANCELLED, b"")
+        self._move(job_id, JobStatus.CANCELLED, b"", _QUEUED)
         return await self.get(job_id)
 
     async def discard(self, job_id: str) -> None:
@@ -58,9 +65,9 @@ class MemoryJobStore:
     async def aclose(self) -> None:
         self._entries.clear()
 
-    def _move(self, job_id: str, status: JobStatus, result: bytes) -> bool:
+    def _move(self, job_id: str, status: JobStatus, result: bytes, sources: frozenset[JobStatus]) -> bool:
         entry = self._live(job_id)
-        if entry is None or self._clock() >= entry.expires_at or entry.job.status != JobStatus.QUEUED:
+        if entry is None or self._clock() >= entry.expires_at or entry.job.status not in sources:
             return False
         entry.job = replace(entry.job, status=status, result=result)
         return True

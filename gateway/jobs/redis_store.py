@@ -3,8 +3,9 @@
 Fields: ``status``, ``meta`` (msgpack, see ``gateway.jobs.job``) and
 ``result`` (an encoded envelope Response). The key's EXPIRE is the TTL, so
 Redis itself forgets a job when it expires: here an expired job reads as
-unknown. Transitions out of ``queued`` are one Lua script each, so a cancel
-and a reply racing from two gateways cannot both win.
+unknown. Each transition is one Lua script that checks the current status,
+so a cancel, a worker's ``begin`` and a reply racing from different processes
+cannot both win.
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ import redis.asyncio as aioredis
 
 from broker import channels
 from gateway.jobs.job import Job, JobStatus, decode_meta, encode_meta
-from gateway.jobs.names import job_key
 from gateway.jobs.store import DEFAULT_TTL_S
 
 # HSET keeps the key's TTL, so a finished job expires when it would have.
-_MOVE_FROM_QUEUED = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
-return 1
+# ARGV: new status, result, then the statuses it may move from.
+_MOVE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 0 end
+for i = 3, #ARGV do
+  if status == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
+    return 1
+  end
+end
+return 0
 """
+_QUEUED = (JobStatus.QUEUED.value,)
+_UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
 
 class RedisJobStore:
@@ -31,7 +40,7 @@ class RedisJobStore:
         self._redis = aioredis.Redis.from_url(url, protocol=2)
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._prefix = prefix
-        self._move = self._redis.register_script(_MOVE_FROM_QUEUED)
+        self._script = self._redis.register_script(_MOVE)
 
     async def __aenter__(self) -> RedisJobStore:
         return self
@@ -40,29 +49,35 @@ class RedisJobStore:
         await self.aclose()
 
     async def create(self, job: Job) -> None:
-        key = job_key(job.id, self._prefix)
+        key = channels.job_key(job.id, self._prefix)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"status": job.status.value, "meta": encode_meta(job), "result": job.result})
             pipe.pexpire(key, self._ttl_ms)
             await pipe.execute()
 
     async def get(self, job_id: str) -> Job | None:
-        fields: dict[bytes, Any] = await self._redis.hgetall(job_key(job_id, self._prefix))
+        fields: dict[bytes, Any] = await self._redis.hgetall(channels.job_key(job_id, self._prefix))
         if not fields or b"meta" not in fields:
             return None
         status = JobStatus(fields.get(b"status", b"queued").decode())
         return decode_meta(fields[b"meta"], status, bytes(fields.get(b"result", b"")))
 
+    async def begin(self, job_id: str) -> bool:
+        return await self._move(job_id, JobStatus.RUNNING, b"", _QUEUED)
+
     async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
-        moved = await self._move(keys=[job_key(job_id, self._prefix)], args=[status.value, result])
-        return bool(moved)
+        return await self._move(job_id, status, result, _UNFINISHED)
 
     async def cancel(self, job_id: str) -> Job | None:
-        await self._move(keys=[job_key(job_id, self._prefix)], args=[JobStatus.CANCELLED.value, b""])
+        await self._move(job_id, JobStatus.CANCELLED, b"", _QUEUED)
         return await self.get(job_id)
 
     async def discard(self, job_id: str) -> None:
-        await self._redis.delete(job_key(job_id, self._prefix))
+        await self._redis.delete(channels.job_key(job_id, self._prefix))
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+    async def _move(self, job_id: str, status: JobStatus, result: bytes, sources: tuple[str, ...]) -> bool:
+        key = channels.job_key(job_id, self._prefix)
+        return bool(await self._script(keys=[key], args=[status.value, result, *sources]))

@@ -2,7 +2,8 @@
 job's reply is written to the store once, by whichever gateway takes it.
 
 A reply is acked only after the store has it, so a gateway that dies in
-between leaves the reply pending for the group. A reply for a job that is no
+between leaves the reply pending for the group, and another gateway claims it
+after ``claim_idle_s``. A reply for a job that is no
 longer queued (cancelled, expired, a duplicate) is dropped.
 """
 
@@ -17,7 +18,6 @@ from broker.errors import EnvelopeError
 from broker.reader import ChannelReader
 from broker.transport import Delivery, Transport
 from gateway.jobs.job import JobStatus
-from gateway.jobs.names import job_reply_channel, job_reply_group
 from gateway.jobs.store import JobStore
 
 log = structlog.get_logger("ferry.gateway.jobs")
@@ -25,12 +25,12 @@ log = structlog.get_logger("ferry.gateway.jobs")
 
 class JobReplyConsumer:
     def __init__(self, transport: Transport, store: JobStore, consumer: str,
-                 prefix: str = channels.PREFIX, poll_timeout_s: float = 1.0) -> None:
+                 prefix: str = channels.PREFIX, poll_timeout_s: float = 1.0, claim_idle_s: float = 10.0) -> None:
         self._transport = transport
         self._store = store
-        self.channel = job_reply_channel(prefix)
-        self._reader = ChannelReader(transport, self.channel, job_reply_group(prefix), consumer,
-                                     self._store_reply, poll_timeout_s=poll_timeout_s)
+        self.channel = channels.job_reply_channel(prefix)
+        self._reader = ChannelReader(transport, self.channel, channels.job_reply_group(prefix), consumer,
+                                     self._store_reply, poll_timeout_s=poll_timeout_s, claim_idle_s=claim_idle_s)
 
     async def start(self) -> None:
         await self._reader.start()

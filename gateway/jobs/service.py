@@ -2,10 +2,10 @@
 
 A job's request envelope carries the job id as its request id and replies to
 the shared job-reply channel, so its result reaches the store whichever
-gateway is up when it arrives. Workers do not yet say when they start a
-request, so a job reads ``queued`` until its reply arrives; cancelling it then
-only means its reply is discarded, and a worker that already took it may still
-compute it.
+gateway is up when it arrives. The worker that takes the request first moves
+the job from ``queued`` to ``running`` in the store (the store is its
+``JobGate``) and skips it if it was cancelled or expired, so a job cancelled
+before it started is never computed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from broker import channels
 from broker.transport import Transport
 from gateway.errors import JobConflict, JobNotFound
 from gateway.jobs.job import FINISHED, Job, JobStatus, Rendering
-from gateway.jobs.names import job_reply_channel
 from gateway.jobs.replies import JobReplyConsumer
 from gateway.jobs.store import JobStore
 from gateway.service import InferenceService
@@ -38,7 +37,7 @@ class JobService:
         self._inference = inference
         self._store = store
         self._replies = replies
-        self._reply_channel = job_reply_channel(settings.channel_prefix)
+        self._reply_channel = channels.job_reply_channel(settings.channel_prefix)
         self._wall_ns = wall_ns
 
     async def start(self) -> None:

@@ -1,8 +1,14 @@
 """The job store seam.
 
-Every transition is conditional and atomic, so a cancel and a reply that race
-each other leave exactly one outcome: ``finish`` and ``cancel`` only move a job
-out of ``queued``.
+Every transition is conditional and atomic, so a cancel, a worker starting
+the job and its reply racing each other leave exactly one outcome:
+
+    queued ──begin──▶ running ──finish──▶ succeeded | failed
+       │                                     ▲
+       ├──finish─────────────────────────────┘  (a worker with no gate)
+       └──cancel──▶ cancelled
+
+A store is also the worker's ``JobGate`` (``begin``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,12 @@ class JobStore(Protocol):
     async def get(self, job_id: str) -> Job | None:
         """The job, or None when unknown (or forgotten after it expired)."""
 
+    async def begin(self, job_id: str) -> bool:
+        """Move a queued job to running; False if it is not queued (cancelled,
+        expired, unknown, or already started by another delivery)."""
+
     async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
-        """Record a result if the job is still queued; False when it was not."""
+        """Record a result if the job is queued or running; False when it was not."""
 
     async def cancel(self, job_id: str) -> Job | None:
         """Cancel the job if it is still queued; the job as it stands afterwards."""

@@ -123,6 +123,77 @@ async def test_ack_removes_from_pending(transport: AnyTransport):
     assert await transport.claim_stale("c", "g", "b", 0, 10) == []
 
 
+async def test_fetch_first_drains_earlier_channels_first(transport: AnyTransport):
+    await transport.fetch_first(("hi", "lo"), "g", "a", 1, 0)  # the groups start before the messages
+    for n in range(2):
+        await transport.publish("lo", f"lo{n}".encode())
+    await transport.publish("hi", b"hi0")
+    first = await transport.fetch_first(("hi", "lo"), "g", "a", 10, 0)
+    assert [(d.channel, d.payload) for d in first] == [("hi", b"hi0")]
+    rest = await transport.fetch_first(("hi", "lo"), "g", "a", 10, 0)
+    assert [(d.channel, d.payload) for d in rest] == [("lo", b"lo0"), ("lo", b"lo1")]
+    assert await transport.fetch_first(("hi", "lo"), "g", "a", 10, 0) == []
+
+
+async def test_fetch_first_waits_on_every_channel(transport: AnyTransport):
+    await transport.fetch_first(("hi", "lo"), "g", "a", 1, 0)
+    waiter = asyncio.create_task(transport.fetch_first(("hi", "lo"), "g", "a", 10, 5))
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(2):
+        await transport.publish("lo", b"late")
+        (delivery,) = await waiter
+    assert (delivery.channel, delivery.payload, delivery.consumer) == ("lo", b"late", "a")
+
+
+async def test_a_released_delivery_is_claimable_at_once_with_its_count(transport: AnyTransport):
+    await transport.publish("c", b"retry me")
+    (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+    assert await transport.claim_stale("c", "g", "b", 60, 10) == []
+    await transport.release(delivery)
+    (claimed,) = await transport.claim_stale("c", "g", "b", 60, 10)
+    assert (claimed.message_id, claimed.attempts, claimed.consumer) == (delivery.message_id, 2, "b")
+
+
+async def test_trim_never_drops_what_a_group_has_not_acked(transport: AnyTransport):
+    await transport.fetch("c", "fast", "a", 1, 0)
+    await transport.fetch("c", "slow", "a", 1, 0)
+    for n in range(6):
+        await transport.publish("c", f"m{n}".encode())
+    fast = await transport.fetch("c", "fast", "a", 6, 0)
+    slow = await transport.fetch("c", "slow", "a", 3, 0)  # m0..m2 pending, m3..m5 unread
+    for delivery in fast + slow[1:]:
+        await transport.ack(delivery)
+    await transport.trim("c")
+    # "slow" still holds m0 unacked and has m3..m5 to read: all of it survives.
+    await asyncio.sleep(IDLE_S * 1.5)
+    (stale,) = await transport.claim_stale("c", "slow", "b", IDLE_S, 10)
+    assert stale.payload == b"m0"
+    assert [d.payload for d in await transport.fetch("c", "slow", "a", 10, 0)] == [b"m3", b"m4", b"m5"]
+    await transport.ack(stale)
+    await transport.trim("c")
+    assert await transport.backlog("c", "slow") == (0, 3)
+
+
+async def test_trim_drops_entries_every_group_acked(redis_url: str):
+    flushdb(redis_url)
+    async with RedisTransport(redis_url) as transport:
+        await transport.fetch("c", "g", "a", 1, 0)
+        for n in range(10):
+            await transport.publish("c", f"m{n}".encode())
+        deliveries = await transport.fetch("c", "g", "a", 10, 0)
+        for delivery in deliveries[:7]:
+            await transport.ack(delivery)
+        dropped = await transport.trim("c")
+        # m7 is the oldest pending entry: everything before it goes.
+        assert dropped == 7
+        assert await transport.trim("c") == 0
+        for delivery in deliveries[7:]:
+            await transport.ack(delivery)
+        # With nothing pending, the last delivered entry itself is kept.
+        assert await transport.trim("c") == 2
+        assert await transport.trim("missing") == 0
+
+
 @pytest.mark.parametrize("size", [0, 1, 1 << 20])
 async def test_payload_bytes_round_trip_exactly(transport: AnyTransport, size: int):
     payload = os.urandom(size)

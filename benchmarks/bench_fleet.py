@@ -1,0 +1,430 @@
+"""What Redis and separate processes cost ferry, and how throughput grows with workers.
+
+Part 1, on ``model_repo/cnn``: ``ferry serve`` on its in-memory broker (the baseline), the same
+with ``--broker redis://`` (one process, Redis in the middle), and ``ferry gateway`` plus one
+``ferry worker`` over Redis, at the same client concurrencies. Part 2: one gateway and 1, 2
+and 4 workers over one ``redis-server``, serving a Python model that sleeps a fixed time per
+batch (a stand-in for a GPU-bound worker), against the ideal of every worker running full
+batches back to back. Prints tables and writes JSON.
+
+    python benchmarks/bench_fleet.py            # the full run, a few minutes
+    python benchmarks/bench_fleet.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the path but not the repository
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import cpu, fleet_procs, sleep_model  # noqa: E402
+from benchmarks.fleet_procs import Fleet, Redis  # noqa: E402
+from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load  # noqa: E402
+from benchmarks.server import HOST, copy_model, ferry_server  # noqa: E402
+from benchmarks.sleep_model import BatchCount, SleepModel  # noqa: E402
+from benchmarks.stats import Summary, summarize  # noqa: E402
+
+CNN_DIR = REPO_ROOT / "model_repo" / "cnn"
+CNN_NAME, CNN_SHAPE, CNN_OUTPUT_BYTES = "cnn", (3, 128, 128), 10 * 4
+EMBEDDED, SERVE_REDIS, SPLIT = "serve, memory broker", "serve, redis broker", "gateway + worker, redis"
+SCALING = "gateway + N workers"
+TARGET_SCALING, TARGET_SCALING_WORKERS = 3.5, 4
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fleet.json"
+DEFAULT_DURATION_S, DEFAULT_WARMUP_S = 5.0, 2.0
+QUICK_DURATION_S, QUICK_WARMUP_S = 1.5, 1.0
+
+Pids = dict[str, tuple[int, ...]]   # role ("server", "gateway", "workers", "redis") -> its processes
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    duration_s: float = DEFAULT_DURATION_S
+    warmup_s: float = DEFAULT_WARMUP_S
+    out: Path = DEFAULT_OUT
+    concurrency: tuple[int, ...] = (16, 64)
+    workers: tuple[int, ...] = (1, 2, 4)
+    sleep_ms: float = 100.0
+    max_batch_size: int = 8
+    queue_delay_us: int = 2000
+    scaling_concurrency: int | None = None   # None: enough to keep every batch of the most workers full
+    skip_throughput: bool = False
+    skip_scaling: bool = False
+
+    @property
+    def sleep_model(self) -> SleepModel:
+        return SleepModel(self.sleep_ms, self.max_batch_size, self.queue_delay_us)
+
+    @property
+    def clients_for_scaling(self) -> int:
+        # Two full batches per worker: one running, one queued behind it.
+        return self.scaling_concurrency or 2 * self.max_batch_size * max(self.workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    summary: Summary
+    cores: dict[str, float | None]                      # role -> cores busy in the window
+    ratio: float | None = None                          # to the row this part compares against
+    worker_counts: tuple[BatchCount, ...] = ()          # part 2: each worker's batches in the window
+    ideal_per_s: float | None = None
+    pending: tuple[int, ...] = ()                       # part 2: each worker's unacked deliveries mid-window
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.summary.to_json(), "cores": self.cores, "ratio": self.ratio, "ideal_per_s": self.ideal_per_s,
+            "efficiency": self.efficiency, "pending_mid_window": list(self.pending),
+            "workers": [{"batches": c.batches, "rows": c.rows, "mean_batch": c.mean_batch}
+                        for c in self.worker_counts],
+        }
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.summary.images_per_s / self.ideal_per_s if self.ideal_per_s else None
+
+
+@dataclass(slots=True)
+class Report:
+    throughput: list[Row] = field(default_factory=list)
+    scaling: list[Row] = field(default_factory=list)
+    # Other work on the machine skews every figure; the 1-minute load says how much there was.
+    load_start: tuple[float, float, float] = field(default_factory=os.getloadavg)
+
+    @property
+    def errors(self) -> int:
+        return sum(row.summary.errors for row in self.throughput + self.scaling)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, help="measured seconds per point (default 5, --quick 1.5)")
+    parser.add_argument("--warmup", type=float, help="unmeasured seconds before each point (default 2, --quick 1)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
+    parser.add_argument("--concurrency", type=_int_list, default=(16, 64),
+                        help="client concurrencies for part 1, comma-separated (default 16,64)")
+    parser.add_argument("--workers", type=_int_list, default=(1, 2, 4),
+                        help="worker counts for part 2, comma-separated (default 1,2,4)")
+    parser.add_argument("--sleep-ms", type=float, default=100.0, help="the sleep model's time per batch")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="the sleep model's max_batch_size")
+    parser.add_argument("--queue-delay-us", type=int, default=2000, help="the sleep model's max_queue_delay")
+    parser.add_argument("--scaling-concurrency", type=int,
+                        help="client concurrency for part 2 (default 2 x max batch x most workers)")
+    parser.add_argument("--skip-throughput", action="store_true", help="leave out part 1")
+    parser.add_argument("--skip-scaling", action="store_true", help="leave out part 2")
+    parser.add_argument("--quick", action="store_true", help="short durations, for a smoke run")
+    return parser
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    values = tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
+    args = _parser().parse_args(argv)
+    duration, warmup = (QUICK_DURATION_S, QUICK_WARMUP_S) if args.quick else (DEFAULT_DURATION_S, DEFAULT_WARMUP_S)
+    return BenchSettings(
+        duration_s=args.duration if args.duration is not None else duration,
+        warmup_s=args.warmup if args.warmup is not None else warmup,
+        out=args.out, concurrency=args.concurrency, workers=args.workers, sleep_ms=args.sleep_ms,
+        max_batch_size=args.max_batch_size, queue_delay_us=args.queue_delay_us,
+        scaling_concurrency=args.scaling_concurrency,
+        skip_throughput=args.skip_throughput, skip_scaling=args.skip_scaling,
+    )
+
+
+# --- measuring ---------------------------------------------------------------
+
+
+def _target(host: str, port: int, model: str, tensor: TensorSpec, output_bytes: int) -> Target:
+    return Target(host, port, infer_request(host, port, model, tensor), output_bytes)
+
+
+def cnn_target(host: str, port: int) -> Target:
+    image = np.random.default_rng(1).random((1, *CNN_SHAPE), dtype=np.float32)
+    return _target(host, port, CNN_NAME, TensorSpec("IMAGE", "FP32", image.shape, image.tobytes()),
+                   CNN_OUTPUT_BYTES)
+
+
+def sleep_target(host: str, port: int) -> Target:
+    row = np.arange(sleep_model.ROW_FLOATS, dtype=np.float32).reshape(1, -1)
+    return _target(host, port, sleep_model.NAME, TensorSpec(sleep_model.INPUT, "FP32", row.shape, row.tobytes()),
+                   sleep_model.ROW_BYTES)
+
+
+def _cpu_seconds(pids: Pids) -> dict[str, float | None]:
+    seconds: dict[str, float | None] = {}
+    for role, members in pids.items():
+        each = [cpu.process_cpu_s(pid) for pid in members]
+        seconds[role] = None if None in each else sum(s for s in each if s is not None)
+    return seconds
+
+
+def _cores(before: dict[str, float | None], after: dict[str, float | None], elapsed_s: float) -> dict[str, float | None]:
+    return {role: None if before[role] is None or after[role] is None else (after[role] - before[role]) / elapsed_s
+            for role in before}
+
+
+async def measure(mode: str, target: Target, spec: LoadSpec, pids: Pids,
+                  counts: Callable[[], list[BatchCount]] = list) -> tuple[Summary, dict[str, float | None],
+                                                                       list[BatchCount]]:
+    """One closed-loop point; CPU per role and ``counts()`` are read at both edges of the window."""
+    load = asyncio.create_task(run_load(target, spec))
+    await asyncio.sleep(spec.warmup_s)
+    client_before, cpu_before, counts_before = cpu.sample(os.getpid()).client_s, _cpu_seconds(pids), counts()
+    await asyncio.sleep(spec.duration_s)
+    client_after, cpu_after, counts_after = cpu.sample(os.getpid()).client_s, _cpu_seconds(pids), counts()
+    result = await load
+    if result.first_error is not None:
+        print(f"  {mode}, concurrency {spec.concurrency}: {result.errors} errors, first: {result.first_error}")
+    cores = {"client": (client_after - client_before) / spec.duration_s,
+             **_cores(cpu_before, cpu_after, spec.duration_s)}
+    server_side = [value for role, value in cores.items() if role != "client" and value is not None]
+    summary = summarize(mode, f"concurrency {spec.concurrency}", result.latencies_s, len(result.latencies_s),
+                        spec.duration_s, result.errors, compute_cores=sum(server_side) if server_side else None,
+                        client_cores=cores["client"])
+    return summary, cores, [after - before for after, before in zip(counts_after, counts_before)]
+
+
+async def _check(target: Target) -> None:
+    await probe(target)   # raises LoadError when the answer is not what the load generator expects
+
+
+async def _points(mode: str, target: Target, settings: BenchSettings, pids: Pids) -> list[Row]:
+    await _check(target)
+    rows = []
+    for concurrency in settings.concurrency:
+        summary, cores, _ = await measure(mode, target, LoadSpec(concurrency, settings.warmup_s, settings.duration_s),
+                                          pids)
+        rows.append(Row(summary, cores))
+        print(f"  {_throughput_line(rows[-1])}", flush=True)
+    return rows
+
+
+# --- part 1: Redis against the embedded broker, on cnn --------------------------------
+
+
+def run_throughput(settings: BenchSettings, broker: Redis, scratch: Path) -> list[Row]:
+    repository = scratch / "cnn-repo"
+    repository.mkdir()
+    copy_model(CNN_DIR, repository, dynamic_batching=True)
+    rows: list[Row] = []
+    with event_loop_runner() as runner:
+        for mode, extra in ((EMBEDDED, ()), (SERVE_REDIS, ("--broker", broker.url))):
+            print(f"{mode}: ferry serve {' '.join(extra)}".rstrip(), flush=True)
+            fleet_procs.empty(broker)
+            with ferry_server(repository, scratch / f"serve-{len(rows)}.log", extra_args=extra) as server:
+                pids: Pids = {"server": (server.pid,), **({"redis": (broker.pid,)} if extra else {})}
+                rows += runner.run(_points(mode, cnn_target(server.host, server.port), settings, pids))
+        print(f"{SPLIT}: ferry gateway + 1 ferry worker", flush=True)
+        fleet_procs.empty(broker)
+        with fleet_procs.fleet(repository, broker, 1, CNN_NAME, _logs(scratch, "split")) as split:
+            rows += runner.run(_points(SPLIT, cnn_target(split.host, split.port), settings, _fleet_pids(split, broker)))
+    return _with_ratios_to(rows, EMBEDDED)
+
+
+def _fleet_pids(running: Fleet, broker: Redis) -> Pids:
+    return {"gateway": (running.gateway_pid,), "workers": running.worker_pids, "redis": (broker.pid,)}
+
+
+def _logs(scratch: Path, name: str) -> Path:
+    path = scratch / name
+    path.mkdir()
+    return path
+
+
+def _with_ratios_to(rows: list[Row], baseline_mode: str) -> list[Row]:
+    baseline = {row.summary.point: row.summary.images_per_s for row in rows if row.summary.mode == baseline_mode}
+    return [Row(row.summary, row.cores, _ratio(row.summary.images_per_s, baseline.get(row.summary.point)))
+            for row in rows]
+
+
+def _ratio(value: float, baseline: float | None) -> float | None:
+    return value / baseline if baseline else None
+
+
+# --- part 2: scaling with workers, on the sleep model ---------------------------------
+
+
+def run_scaling(settings: BenchSettings, broker: Redis, scratch: Path) -> list[Row]:
+    model = settings.sleep_model
+    repository, stats_dir = scratch / "sleep-repo", scratch / "sleep-stats"
+    sleep_model.write_sleep_model(repository, model, stats_dir)
+    spec = LoadSpec(settings.clients_for_scaling, settings.warmup_s, settings.duration_s)
+    rows: list[Row] = []
+    with event_loop_runner() as runner:
+        for workers in settings.workers:
+            print(f"{SCALING}: {workers} worker(s), sleep model {model.sleep_ms:g} ms per batch of "
+                  f"{model.max_batch_size}", flush=True)
+            fleet_procs.empty(broker)
+            with fleet_procs.fleet(repository, broker, workers, sleep_model.NAME, _logs(scratch, f"n{workers}")) as running:
+                rows.append(runner.run(_scaling_point(running, broker, spec, model, stats_dir)))
+            print(f"  {_scaling_line(rows[-1])}", flush=True)
+    base = rows[0].summary.images_per_s if rows and len(rows[0].worker_counts) == 1 else None
+    return [Row(r.summary, r.cores, _ratio(r.summary.images_per_s, base), r.worker_counts, r.ideal_per_s, r.pending)
+            for r in rows]
+
+
+async def _scaling_point(running: Fleet, broker: Redis, spec: LoadSpec, model: SleepModel, stats_dir: Path) -> Row:
+    target = sleep_target(running.host, running.port)
+    await _check(target)
+
+    def counts() -> list[BatchCount]:
+        return list(sleep_model.read_counts(stats_dir, running.worker_pids).values())
+
+    async def pending_mid_window() -> list[int]:
+        await asyncio.sleep(spec.warmup_s + spec.duration_s / 2)
+        return await asyncio.to_thread(fleet_procs.pending_by_consumer, broker, sleep_model.NAME)
+
+    mode = f"{len(running.worker_pids)} worker(s)"
+    pending = asyncio.create_task(pending_mid_window())
+    summary, cores, per_worker = await measure(mode, target, spec, _fleet_pids(running, broker), counts)
+    return Row(summary, cores, None, tuple(per_worker), model.ideal_rows_per_s(len(running.worker_pids)),
+               tuple(await pending))
+
+
+# --- reporting -------------------------------------------------------------------------
+
+
+def _maybe(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _throughput_line(row: Row) -> str:
+    s = row.summary
+    errors = f"  ({s.errors} errors)" if s.errors else ""
+    return (f"{s.mode:<26} {s.point:<16} {s.images_per_s:>10.1f} {_maybe(s.p50_ms, '.2f'):>9} "
+            f"{_maybe(s.p99_ms, '.2f'):>9} {_maybe(row.ratio, '.2f'):>13}{errors}")
+
+
+def print_throughput(rows: list[Row]) -> None:
+    print(f"\n{'mode':<26} {'point':<16} {'images/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'x in-memory':>13}")
+    for row in rows:
+        print(_throughput_line(row))
+    print(f"\n{'CPU (cores busy)':<26} {'point':<16} {'client':>7} {'serve':>7} {'gateway':>8} {'workers':>8} "
+          f"{'redis':>7} {'server-side ms/image':>21}")
+    for row in rows:
+        c = row.cores
+        print(f"{row.summary.mode:<26} {row.summary.point:<16} {_maybe(c.get('client'), '.2f'):>7} "
+              f"{_maybe(c.get('server'), '.2f'):>7} {_maybe(c.get('gateway'), '.2f'):>8} "
+              f"{_maybe(c.get('workers'), '.2f'):>8} {_maybe(c.get('redis'), '.2f'):>7} "
+              f"{_maybe(row.summary.compute_ms_per_image, '.2f'):>21}")
+
+
+def _scaling_line(row: Row) -> str:
+    s = row.summary
+    errors = f"  ({s.errors} errors)" if s.errors else ""
+    return (f"{len(row.worker_counts):>7} {s.point:<16} {s.images_per_s:>10.1f} {_maybe(s.p50_ms, '.1f'):>9} "
+            f"{_maybe(s.p99_ms, '.1f'):>9} {_maybe(row.ratio, '.2f'):>10} {_maybe(row.ideal_per_s, '.1f'):>10} "
+            f"{_maybe(row.efficiency, '.0%'):>11}{errors}")
+
+
+def _spread(row: Row) -> str:
+    total = sum(count.rows for count in row.worker_counts) or 1
+    return "  ".join(f"{count.rows / total:.0%} ({count.batches} b, mean {_maybe(count.mean_batch, '.1f')})"
+                     for count in row.worker_counts)
+
+
+def print_scaling(rows: list[Row]) -> None:
+    print(f"\n{'workers':>7} {'point':<16} {'requests/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'x 1 worker':>10} "
+          f"{'ideal/s':>10} {'of ideal':>11}")
+    for row in rows:
+        print(_scaling_line(row))
+    print("\nshare of rows per worker in the window (batches, mean batch size); unacked deliveries "
+          "per worker mid-window:")
+    for row in rows:
+        print(f"{len(row.worker_counts):>7}  {_spread(row)}    pending {list(row.pending)}")
+
+
+def key_figures(report: Report) -> dict[str, object]:
+    figures: dict[str, object] = {}
+    for row in report.throughput:
+        if row.summary.mode != EMBEDDED:
+            figures[f"{row.summary.mode} / {EMBEDDED}, {row.summary.point}"] = row.ratio
+    at_target = next((r for r in report.scaling if len(r.worker_counts) == TARGET_SCALING_WORKERS), None)
+    if at_target is not None:
+        figures["scaling"] = {"name": f"{TARGET_SCALING_WORKERS} workers / 1 worker", "value": at_target.ratio,
+                              "target": TARGET_SCALING,
+                              "met": at_target.ratio is not None and at_target.ratio >= TARGET_SCALING}
+    return figures
+
+
+def _machine() -> dict[str, object]:
+    import redis
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "redis_py": redis.__version__, "numpy": np.__version__}
+
+
+def write_json(path: Path, settings: BenchSettings, report: Report) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": "fleet",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "load_average": {"start": list(report.load_start), "end": list(os.getloadavg())},
+        "settings": {"duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
+                     "concurrency": list(settings.concurrency), "workers": list(settings.workers),
+                     "sleep_ms": settings.sleep_ms, "max_batch_size": settings.max_batch_size,
+                     "queue_delay_us": settings.queue_delay_us,
+                     "scaling_concurrency": settings.clients_for_scaling},
+        "throughput": [row.to_json() for row in report.throughput],
+        "scaling": [row.to_json() for row in report.scaling],
+        "key_figures": key_figures(report),
+    }
+    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = settings_from_args(argv)
+    # SIGTERM (and SIGINT, even where a shell started us with it ignored) unwinds like Ctrl-C,
+    # so every process started here is stopped on the way out.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _interrupt)
+    report = Report()
+    with tempfile.TemporaryDirectory(prefix="ferry-fleet-") as scratch, fleet_procs.redis_server() as broker:
+        print(f"redis-server on {broker.url}", flush=True)
+        if not settings.skip_throughput:
+            report.throughput = run_throughput(settings, broker, Path(scratch))
+        if not settings.skip_scaling:
+            report.scaling = run_scaling(settings, broker, Path(scratch))
+    if report.throughput:
+        print_throughput(report.throughput)
+    if report.scaling:
+        print_scaling(report.scaling)
+    figure = key_figures(report).get("scaling")
+    if isinstance(figure, dict) and figure["value"] is not None:
+        print(f"\nkey figure: {figure['name']} = {figure['value']:.2f} (target >= {TARGET_SCALING})")
+    print(f"\nload average (1 min) {report.load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end, "
+          f"on {os.cpu_count()} CPUs")
+    write_json(settings.out, settings, report)
+    print(f"wrote {settings.out}")
+    return 1 if report.errors else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as exc:
+        print(f"\ninterrupted ({exc or 'Ctrl-C'}); everything started was stopped", file=sys.stderr)
+        sys.exit(130)
