@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ from starlette.applications import Starlette
 from gateway.app import HttpSettings
 from gateway.embedded import ServeSettings, build_app
 from gateway.fleet import WorkerProcessSettings, build_gateway_app, run_worker
+from gateway.jobs import DEFAULT_TTL_S
 from gateway.logs import configure_logging
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
@@ -48,6 +50,8 @@ def _http_options() -> argparse.ArgumentParser:
     options.add_argument("--http-port", type=int, default=8000)
     options.add_argument("--host", default="0.0.0.0")
     options.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    options.add_argument("--job-ttl-s", type=float, default=DEFAULT_TTL_S,
+                         help="how long an async job and its result are kept")
     return options
 
 
@@ -89,13 +93,11 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         model_repository=args.model_repository,
         broker_url=args.broker,
         http=HttpSettings(max_body_bytes=args.max_body_bytes),
+        job_ttl_s=args.job_ttl_s,
     )
     if args.command != "serve":
         return settings
-    return ServeSettings(
-        model_repository=settings.model_repository, broker_url=settings.broker_url, http=settings.http,
-        worker=_worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s),
-    )
+    return replace(settings, worker=_worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s))
 
 
 def _worker_settings(args: argparse.Namespace) -> WorkerSettings:

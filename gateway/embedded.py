@@ -20,7 +20,7 @@ from broker.transports import open_transport
 from gateway.app import HttpSettings, create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
-from gateway.jobs import build_jobs, open_job_store
+from gateway.jobs import DEFAULT_TTL_S, build_jobs, open_job_store
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService, ServiceSettings
 from workers.heartbeat import Heartbeat, HeartbeatSettings, RedisHeartbeats
@@ -37,13 +37,14 @@ class ServeSettings:
     service: ServiceSettings = ServiceSettings()
     worker: WorkerSettings = WorkerSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
+    job_ttl_s: float = DEFAULT_TTL_S
 
 
 def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:
     """The whole stack as an ASGI app; everything starts in its lifespan."""
     transport = transport or open_transport(settings.broker_url)
     repository = ModelRepository(settings.model_repository)
-    store = open_job_store(settings.broker_url)
+    store = open_job_store(settings.broker_url, settings.job_ttl_s, settings.service.channel_prefix)
     worker = Worker(transport, repository, settings.worker, job_gate=store)
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(repository, worker.ready_models)

@@ -99,7 +99,8 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
     catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness)
     limits = QueueLimits(transport, settings.service.channel_prefix)
     service = InferenceService(transport, router, catalog, settings.service, limits=limits)
-    jobs = build_jobs(transport, open_job_store(settings.broker_url), service, settings.gateway_id)
+    store = open_job_store(settings.broker_url, settings.job_ttl_s, settings.service.channel_prefix)
+    jobs = build_jobs(transport, store, service, settings.gateway_id)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -29,6 +29,8 @@ from broker.errors import TransportClosed, TransportError
 from broker.transport import Delivery
 
 PAYLOAD_FIELD = b"d"
+MAX_CONNECTIONS = 512
+POOL_TIMEOUT_S = 30.0
 # Release: an idle time far beyond any claim threshold.
 RELEASED_IDLE_MS = 10**12
 _TRIM_ACKED = """
@@ -64,7 +66,11 @@ class RedisTransport:
         # A pool of our own: each concurrent command takes its own connection,
         # so a fetch blocked in XREADGROUP never holds up a publish.
         # RESP2 pins the reply shapes parsed below.
-        self._pool: aioredis.ConnectionPool = aioredis.ConnectionPool.from_url(url, protocol=2)
+        # The pool is bounded but blocking: past MAX_CONNECTIONS a command
+        # waits for a free connection instead of failing.
+        self._pool: aioredis.ConnectionPool = aioredis.BlockingConnectionPool.from_url(
+            url, protocol=2, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S
+        )
         self._redis = aioredis.Redis(connection_pool=self._pool)
         self._groups: set[tuple[str, str]] = set()
         self._reads: set[asyncio.Task[Any]] = set()

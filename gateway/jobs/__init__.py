@@ -26,5 +26,5 @@ def open_job_store(broker_url: str, ttl_s: float = DEFAULT_TTL_S, prefix: str = 
         return RedisJobStore(broker_url, ttl_s, prefix)
     return MemoryJobStore(ttl_s)
 
-__all__ = ["Job", "JobService", "JobSettings", "JobStatus", "JobStore", "MemoryJobStore", "RedisJobStore",
+__all__ = ["DEFAULT_TTL_S", "Job", "JobService", "JobSettings", "JobStatus", "JobStore", "MemoryJobStore", "RedisJobStore",
            "build_jobs", "open_job_store"]
