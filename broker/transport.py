@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 
+Headers = tuple[tuple[str, bytes], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     channel: str
@@ -20,13 +23,25 @@ class Delivery:
     message_id: str
     payload: bytes
     attempts: int = 1
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: Headers = ()
     consumer: str = ""
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name`` (case-insensitive), or None."""
+        wanted = name.lower()
+        found = None
+        for key, value in self.headers:
+            if key.lower() == wanted:
+                found = value
+        return found
 
 
 class Transport(Protocol):
-    async def publish(self, channel: str, payload: bytes) -> str:
-        """Append ``payload`` to ``channel``; return its message id."""
+    async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
+                      headers: Headers = ()) -> str:
+        """Append ``payload`` to ``channel``; return its message id. ``key``
+        picks the partition where the channel has partitions (Kafka); headers
+        travel with the message and come back in ``Delivery.headers``."""
 
     async def fetch(
         self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float

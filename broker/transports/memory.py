@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker.errors import TransportClosed
-from broker.transport import Delivery
+from broker.transport import Delivery, Headers
 
 
 @dataclass(slots=True)
 class _Pending:
     payload: bytes
+    headers: Headers
     consumer: str
     delivered_at: float
     attempts: int
@@ -34,7 +35,7 @@ class _Group:
 
 @dataclass(slots=True)
 class _Channel:
-    log: deque[bytes] = field(default_factory=deque)
+    log: deque[tuple[bytes, Headers]] = field(default_factory=deque)
     first_seq: int = 0
     groups: dict[str, _Group] = field(default_factory=dict)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
@@ -56,11 +57,12 @@ class MemoryTransport:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def publish(self, channel: str, payload: bytes) -> str:
+    async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
+                      headers: Headers = ()) -> str:
         self._check_open()
         state = self._channel(channel)
         seq = state.end_seq
-        state.log.append(bytes(payload))
+        state.log.append((bytes(payload), tuple(headers)))
         self._wake(state)
         return str(seq)
 
@@ -116,7 +118,7 @@ class MemoryTransport:
             if now - entry.delivered_at >= min_idle_s:
                 entry.consumer, entry.delivered_at = consumer, now
                 entry.attempts += 1
-                claimed.append(Delivery(channel, group, str(seq), entry.payload, entry.attempts, consumer=consumer))
+                claimed.append(Delivery(channel, group, str(seq), entry.payload, entry.attempts, entry.headers, consumer))
         return claimed
 
     async def backlog(self, channel: str, group: str) -> tuple[int, int]:
@@ -168,10 +170,10 @@ class MemoryTransport:
         deliveries: list[Delivery] = []
         while members.cursor < state.end_seq and len(deliveries) < limit:
             seq = members.cursor
-            payload = state.log[seq - state.first_seq]
-            members.pending[seq] = _Pending(payload, consumer, now, 1)
+            payload, headers = state.log[seq - state.first_seq]
+            members.pending[seq] = _Pending(payload, headers, consumer, now, 1)
             members.cursor += 1
-            deliveries.append(Delivery(channel, group, str(seq), payload, 1, consumer=consumer))
+            deliveries.append(Delivery(channel, group, str(seq), payload, 1, headers, consumer))
         return deliveries
 
     async def _wait(self, states: list[_Channel], timeout_s: float) -> None:

@@ -26,9 +26,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from broker.errors import TransportClosed, TransportError
-from broker.transport import Delivery
+from broker.transport import Delivery, Headers
 
 PAYLOAD_FIELD = b"d"
+# Each header is a field of its own, named "h.<header>".
+HEADER_PREFIX = b"h."
 MAX_CONNECTIONS = 512
 POOL_TIMEOUT_S = 30.0
 # Release: an idle time far beyond any claim threshold.
@@ -83,10 +85,13 @@ class RedisTransport:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def publish(self, channel: str, payload: bytes) -> str:
+    async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
+                      headers: Headers = ()) -> str:
         self._check_open()
+        fields: dict[bytes, bytes] = {HEADER_PREFIX + name.encode(): bytes(value) for name, value in headers}
+        fields[PAYLOAD_FIELD] = bytes(payload)
         with self._edge():
-            message_id = await self._redis.xadd(channel, {PAYLOAD_FIELD: bytes(payload)})
+            message_id = await self._redis.xadd(channel, fields)  # type: ignore[arg-type]
         return _text(message_id)
 
     async def fetch(
@@ -146,7 +151,7 @@ class RedisTransport:
         # An entry acked between the two calls is done; handing it out again
         # would only repeat finished work.
         return [
-            Delivery(channel, group, _text(mid), _payload(fields), attempts[_text(mid)], consumer=consumer)
+            Delivery(channel, group, _text(mid), _payload(fields), attempts[_text(mid)], _headers(fields), consumer)
             for mid, fields in entries
             if _text(mid) in attempts
         ]
@@ -244,7 +249,7 @@ class RedisTransport:
     @staticmethod
     def _deliveries(reply: list[Any], group: str, consumer: str) -> list[Delivery]:
         return [
-            Delivery(_text(stream), group, _text(message_id), _payload(fields), consumer=consumer)
+            Delivery(_text(stream), group, _text(message_id), _payload(fields), 1, _headers(fields), consumer)
             for stream, entries in reply
             for message_id, fields in entries
         ]
@@ -295,6 +300,13 @@ def _text(value: bytes | str) -> str:
 
 def _payload(fields: dict[bytes, bytes]) -> bytes:
     return bytes(fields.get(PAYLOAD_FIELD, b""))
+
+
+def _headers(fields: dict[bytes, bytes]) -> Headers:
+    return tuple(
+        (name[len(HEADER_PREFIX):].decode(errors="replace"), bytes(value))
+        for name, value in fields.items() if name.startswith(HEADER_PREFIX)
+    )
 
 
 def _is_nogroup(exc: ResponseError) -> bool:

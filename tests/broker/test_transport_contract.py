@@ -123,6 +123,13 @@ async def test_ack_removes_from_pending(transport: AnyTransport):
     assert await transport.claim_stale("c", "g", "b", 0, 10) == []
 
 
+async def test_headers_travel_with_the_message(transport: AnyTransport):
+    await transport.publish("c", b"body", key="k1", headers=(("content-type", b"application/json"), ("x", b"")))
+    (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+    assert delivery.header("Content-Type") == b"application/json" and delivery.header("x") == b""
+    assert delivery.header("missing") is None and delivery.payload == b"body"
+
+
 async def test_fetch_first_drains_earlier_channels_first(transport: AnyTransport):
     await transport.fetch_first(("hi", "lo"), "g", "a", 1, 0)  # the groups start before the messages
     for n in range(2):
