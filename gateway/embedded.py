@@ -21,6 +21,7 @@ from gateway.app import HttpSettings, create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.jobs import DEFAULT_TTL_S, build_jobs, open_job_store
+from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService, ServiceSettings
 from workers.heartbeat import Heartbeat, HeartbeatSettings, RedisHeartbeats
@@ -45,7 +46,7 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     transport = transport or open_transport(settings.broker_url)
     repository = ModelRepository(settings.model_repository)
     store = open_job_store(settings.broker_url, settings.job_ttl_s, settings.service.channel_prefix)
-    worker = Worker(transport, repository, settings.worker, job_gate=store)
+    worker = Worker(transport, repository, settings.worker, job_gate=store, message_format=V2MessageFormat())
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(repository, worker.ready_models)
     limits = QueueLimits(transport, settings.service.channel_prefix)

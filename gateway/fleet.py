@@ -24,6 +24,7 @@ from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.jobs import build_jobs, open_job_store
 from gateway.embedded import ServeSettings
+from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, RedisHeartbeats, ServedModels
@@ -128,7 +129,8 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     transport = open_transport(settings.broker_url)
     heartbeats = RedisHeartbeats(settings.broker_url, settings.worker.channel_prefix)
     job_gate = open_job_store(settings.broker_url, prefix=settings.worker.channel_prefix)
-    worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker, job_gate=job_gate)
+    worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker,
+                    job_gate=job_gate, message_format=V2MessageFormat())
     heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
     try:
         await worker.start()

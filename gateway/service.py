@@ -68,7 +68,9 @@ class InferenceService:
         entry, number = self.catalog.version(model, version)
         if not self.catalog.is_ready(entry.name, number):
             raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
-        return self._envelope(entry.name, version, parsed, trace or {}, reply_to, request_id or uuid.uuid4().hex)
+        self.catalog.entry(model).config.priority_level(_peek_priority(parsed))  # a bad level is refused here
+        return build_request(parsed, entry.name, version, reply_to, request_id or uuid.uuid4().hex,
+                             self._wall_ns(), trace or {})
 
     async def publish(self, request: Request) -> None:
         config = self.catalog.entry(request.model).config
@@ -78,33 +80,37 @@ class InferenceService:
                                            config.priority_level(request.priority))
         await self._transport.publish(channel, encode_request(request))
 
-    def _envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str],
-                  reply_to: str, request_id: str) -> Request:
-        params = dict(parsed.parameters)
-        now = self._wall_ns()
-        timeout_us = _int_param(params, "timeout")
-        priority = _int_param(params, "priority")
-        self.catalog.entry(model).config.priority_level(priority)  # refuse a bad level before publishing
-        sequence_id = params.pop("sequence_id", None)
-        if sequence_id is not None and (isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str))):
-            raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
-        return Request(
-            id=request_id,
-            model=model,
-            model_version=version,
-            reply_to=reply_to,
-            inputs=parsed.inputs,
-            outputs=tuple(o.name for o in parsed.outputs),
-            priority=priority,
-            timeout_us=timeout_us,
-            deadline_ns=now + timeout_us * 1000 if timeout_us else 0,
-            sequence_id=sequence_id,
-            sequence_start=_bool_param(params, "sequence_start"),
-            sequence_end=_bool_param(params, "sequence_end"),
-            parameters={k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))},
-            trace=trace,
-            created_ns=now,
-        )
+def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, request_id: str,
+                  now_ns: int, trace: dict[str, str] | None = None) -> Request:
+    """The envelope for a parsed V2 request: the parameters Triton gives meaning
+    to (``timeout`` in µs, ``priority``, ``sequence_*``) become envelope fields."""
+    params = dict(parsed.parameters)
+    timeout_us = _int_param(params, "timeout")
+    priority = _int_param(params, "priority")
+    sequence_id = params.pop("sequence_id", None)
+    if sequence_id is not None and (isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str))):
+        raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
+    return Request(
+        id=request_id,
+        model=model,
+        model_version=version,
+        reply_to=reply_to,
+        inputs=parsed.inputs,
+        outputs=tuple(o.name for o in parsed.outputs),
+        priority=priority,
+        timeout_us=timeout_us,
+        deadline_ns=now_ns + timeout_us * 1000 if timeout_us else 0,
+        sequence_id=sequence_id,
+        sequence_start=_bool_param(params, "sequence_start"),
+        sequence_end=_bool_param(params, "sequence_end"),
+        parameters={k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))},
+        trace=trace or {},
+        created_ns=now_ns,
+    )
+
+
+def _peek_priority(parsed: ParsedInfer) -> int:
+    return _int_param(dict(parsed.parameters), "priority")
 
 
 def _int_param(params: dict[str, object], name: str) -> int:

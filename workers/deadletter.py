@@ -13,8 +13,9 @@ import msgpack
 import structlog
 
 from broker import channels
-from broker.envelope import ErrorInfo, Response, encode_response, peek_reply_to
+from broker.envelope import ErrorInfo, Response
 from broker.transport import Delivery, Transport
+from workers.formats import EnvelopeFormat, MessageFormat
 
 log = structlog.get_logger("ferry.worker")
 
@@ -32,13 +33,15 @@ def encode_dead_letter(delivery: Delivery, reason: str) -> bytes:
 
 
 class DeadLetters:
-    def __init__(self, transport: Transport, prefix: str = channels.PREFIX) -> None:
+    def __init__(self, transport: Transport, prefix: str = channels.PREFIX,
+                 message_format: MessageFormat = EnvelopeFormat()) -> None:
         self._transport = transport
+        self._format = message_format
         self.channel = channels.dead_letter_channel(prefix)
 
     async def reject(self, delivery: Delivery, reason: str) -> None:
         """Bytes that are not a valid request: answer if we can, else dead-letter."""
-        answered = await self._answer(delivery, ErrorInfo("invalid_argument", f"malformed request envelope: {reason}"))
+        answered = await self._answer(delivery, ErrorInfo("invalid_argument", f"malformed request: {reason}"))
         if not answered:
             await self._transport.publish(self.channel, encode_dead_letter(delivery, reason))
         log.warning("worker.bad_message", channel=delivery.channel, message_id=delivery.message_id,
@@ -52,9 +55,8 @@ class DeadLetters:
                     reason=reason, answered=answered)
 
     async def _answer(self, delivery: Delivery, error: ErrorInfo) -> bool:
-        target = peek_reply_to(delivery.payload)
-        if target is None:
+        reply = self._format.reply(delivery, None, Response(id="", model="", error=error))
+        if reply is None:
             return False
-        request_id, reply_to = target
-        await self._transport.publish(reply_to, encode_response(Response(id=request_id, model="", error=error)))
+        await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
         return True

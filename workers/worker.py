@@ -36,12 +36,13 @@ import numpy as np
 import structlog
 
 from broker import channels
-from broker.envelope import ErrorInfo, Request, Response, WireTensor, decode_request, encode_response
+from broker.envelope import ErrorInfo, Request, Response, WireTensor
 from broker.errors import EnvelopeError, TransportClosed
 from broker.transport import Delivery, Reclaiming, Transport
 from workers.datatypes import encode_array
 from workers.deadletter import DeadLetters
 from workers.errors import ModelNotFound
+from workers.formats import EnvelopeFormat, MessageFormat
 from workers.recovery import (
     RETRIABLE_CODES, RecoverySettings, dead_letter_reason, exhausted, exhausted_error,
 )
@@ -92,9 +93,11 @@ class Worker:
         settings: WorkerSettings = WorkerSettings(),
         runner_factory: RunnerFactory = ModelRunner,
         job_gate: JobGate | None = None,
+        message_format: MessageFormat = EnvelopeFormat(),
     ) -> None:
         self._transport = transport
-        self._dead_letters = DeadLetters(transport, settings.channel_prefix)
+        self._format = message_format
+        self._dead_letters = DeadLetters(transport, settings.channel_prefix, message_format)
         self._job_gate = job_gate
         self._job_channel = channels.job_reply_channel(settings.channel_prefix)
         self._repository = repository
@@ -264,7 +267,7 @@ class Worker:
             await self._transport.ack(delivery)
             return
         try:
-            request = decode_request(delivery.payload)
+            request = self._format.decode(delivery, model)
         except EnvelopeError as exc:
             await self._dead_letters.reject(delivery, str(exc))
             await self._transport.ack(delivery)
@@ -276,7 +279,9 @@ class Worker:
         response = await self._respond(model, request)
         if response.error is not None and await self._retry_or_give_up(delivery, response.error):
             return
-        await self._transport.publish(request.reply_to, encode_response(response))
+        reply = self._format.reply(delivery, request, response)
+        if reply is not None:
+            await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
         await self._transport.ack(delivery)
 
     async def _may_start(self, request: Request) -> bool:
