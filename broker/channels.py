@@ -43,6 +43,11 @@ def heartbeat_key(worker_id: str, prefix: str = PREFIX) -> str:
     return f"{prefix}.heartbeat.{worker_id}"
 
 
+def heartbeat_channel(prefix: str = PREFIX) -> str:
+    """Where heartbeats go on brokers without expiring keys (Kafka)."""
+    return f"{prefix}.heartbeats"
+
+
 def heartbeat_pattern(prefix: str = PREFIX) -> str:
     """A glob matching every worker's heartbeat key."""
     return f"{prefix}.heartbeat.*"

@@ -12,14 +12,19 @@ import uvicorn
 import uvloop
 from starlette.applications import Starlette
 
+from broker import channels
 from gateway.app import HttpSettings
 from gateway.embedded import ServeSettings, build_app
 from gateway.fleet import WorkerProcessSettings, build_gateway_app, run_worker
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.logs import configure_logging
+from gateway.service import ServiceSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
 from workers.worker import WorkerSettings
+
+
+SHARED = "redis://HOST:PORT/DB or kafka://HOST:PORT[,HOST:PORT]"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,11 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     http, worker = _http_options(), _worker_options()
     serve = commands.add_parser("serve", parents=[common, http, worker],
                                 help="gateway and worker in one process (in-memory broker by default)")
-    serve.add_argument("--broker", default="memory://", help="broker URL (memory:// or redis://HOST:PORT/DB)")
+    serve.add_argument("--broker", default="memory://", help=f"broker URL (memory://, {SHARED})")
     gateway = commands.add_parser("gateway", parents=[common, http], help="the HTTP gateway alone")
-    gateway.add_argument("--broker", required=True, help="shared broker URL (redis://HOST:PORT/DB)")
+    gateway.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")
-    alone.add_argument("--broker", required=True, help="shared broker URL (redis://HOST:PORT/DB)")
+    alone.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     return parser
 
 
@@ -42,6 +47,11 @@ def _common_options() -> argparse.ArgumentParser:
     options.add_argument("--model-repository", type=Path, required=True)
     options.add_argument("--log-level", default="info")
     options.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    options.add_argument("--channel-prefix", default=channels.PREFIX,
+                         help="prefix of every stream, topic and key name (ferry.<model>.requests)")
+    options.add_argument("--job-store", default="",
+                         help="where async jobs live: redis://HOST:PORT/DB (default: the broker's Redis, "
+                              "else the gateway's memory)")
     return options
 
 
@@ -76,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(args.log_level, args.log_format)
     if not args.model_repository.is_dir():
         raise SystemExit(f"ferry: --model-repository {args.model_repository} is not a directory")
-    if args.command in ("gateway", "worker") and urlsplit(args.broker).scheme != "redis":
-        raise SystemExit(f"ferry {args.command}: --broker must be a shared broker (redis://HOST:PORT/DB)")
+    if args.command in ("gateway", "worker") and urlsplit(args.broker).scheme not in ("redis", "kafka"):
+        raise SystemExit(f"ferry {args.command}: --broker must be a shared broker ({SHARED})")
     if args.command == "serve":
         _run_http(args, build_app(_serve_settings(args)))
     elif args.command == "gateway":
@@ -85,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "worker":
         uvloop.run(run_worker(WorkerProcessSettings(
             args.model_repository, args.broker, _worker_settings(args), HeartbeatSettings(args.heartbeat_s),
+            job_store_url=args.job_store,
         )))
 
 
@@ -93,7 +104,9 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         model_repository=args.model_repository,
         broker_url=args.broker,
         http=HttpSettings(max_body_bytes=args.max_body_bytes),
+        service=ServiceSettings(channel_prefix=args.channel_prefix),
         job_ttl_s=args.job_ttl_s,
+        job_store_url=args.job_store,
     )
     if args.command != "serve":
         return settings
@@ -107,9 +120,8 @@ def _worker_settings(args: argparse.Namespace) -> WorkerSettings:
         retry = urlsplit(args.broker).scheme != "memory"
     recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries, retry)
     models = tuple(name.strip() for name in args.models.split(",") if name.strip())
-    if args.worker_id:
-        return WorkerSettings(worker_id=args.worker_id, models=models, recovery=recovery)
-    return WorkerSettings(models=models, recovery=recovery)
+    settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix)
+    return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
 
 
 def _run_http(args: argparse.Namespace, app: Starlette) -> None:

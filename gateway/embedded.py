@@ -1,6 +1,6 @@
 """``ferry serve``: gateway, worker and broker in one process and one event loop.
 
-On a shared broker (``redis://``) the worker also heartbeats, so gateways
+On a shared broker (``redis://`` or ``kafka://``) the worker also heartbeats, so gateways
 started elsewhere with ``ferry gateway`` count it as serving its models.
 """
 
@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 
@@ -20,11 +19,12 @@ from broker.transports import open_transport
 from gateway.app import HttpSettings, create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
-from gateway.jobs import DEFAULT_TTL_S, build_jobs, open_job_store
+from gateway.jobs import DEFAULT_TTL_S, JobSettings, build_jobs
 from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService, ServiceSettings
-from workers.heartbeat import Heartbeat, HeartbeatSettings, RedisHeartbeats
+from gateway.shared import open_heartbeats, open_jobs_store
+from workers.heartbeat import Heartbeat, HeartbeatSettings
 from workers.repository import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
@@ -39,20 +39,24 @@ class ServeSettings:
     worker: WorkerSettings = WorkerSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     job_ttl_s: float = DEFAULT_TTL_S
+    job_store_url: str = ""  # default: the broker's Redis, else this process
 
 
 def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:
     """The whole stack as an ASGI app; everything starts in its lifespan."""
     transport = transport or open_transport(settings.broker_url)
     repository = ModelRepository(settings.model_repository)
-    store = open_job_store(settings.broker_url, settings.job_ttl_s, settings.service.channel_prefix)
+    store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s,
+                            settings.service.channel_prefix)
     worker = Worker(transport, repository, settings.worker, job_gate=store, message_format=V2MessageFormat())
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(repository, worker.ready_models)
     limits = QueueLimits(transport, settings.service.channel_prefix)
     service = InferenceService(transport, router, catalog, settings.service, limits=limits)
-    jobs = build_jobs(transport, store, service, settings.gateway_id)
-    heartbeats = _shared_heartbeats(settings)
+    jobs = build_jobs(transport, store, service, settings.gateway_id,
+                      JobSettings(channel_prefix=settings.service.channel_prefix))
+    heartbeats = open_heartbeats(settings.broker_url, transport, settings.worker.worker_id,
+                                 settings.worker.channel_prefix)
     heartbeat = None if heartbeats is None else Heartbeat(
         heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat
     )
@@ -79,9 +83,3 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
             await transport.aclose()
 
     return create_app(service, settings.http, lifespan, jobs=jobs)
-
-
-def _shared_heartbeats(settings: ServeSettings) -> RedisHeartbeats | None:
-    if urlsplit(settings.broker_url).scheme != "redis":
-        return None
-    return RedisHeartbeats(settings.broker_url, settings.worker.channel_prefix)

@@ -22,12 +22,13 @@ from broker.transports import open_transport
 from gateway.app import create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
-from gateway.jobs import build_jobs, open_job_store
+from gateway.jobs import JobSettings, build_jobs
 from gateway.embedded import ServeSettings
 from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService
-from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, RedisHeartbeats, ServedModels
+from gateway.shared import open_heartbeats, open_job_gate, open_jobs_store
+from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, ServedModels
 from workers.repository import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
@@ -89,19 +90,23 @@ class WorkerProcessSettings:
     broker_url: str
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     heartbeat: HeartbeatSettings = HeartbeatSettings()
+    job_store_url: str = ""
 
 
 def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> Starlette:
     """The HTTP gateway alone; everything starts in its lifespan."""
     transport = open_transport(settings.broker_url)
-    heartbeats = RedisHeartbeats(settings.broker_url, settings.service.channel_prefix)
+    prefix = settings.service.channel_prefix
+    heartbeats = open_heartbeats(settings.broker_url, transport, settings.gateway_id, prefix)
+    assert heartbeats is not None, "a gateway alone needs a shared broker"
     readiness = FleetReadiness(heartbeats, readiness_refresh_s)
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
     catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness)
     limits = QueueLimits(transport, settings.service.channel_prefix)
     service = InferenceService(transport, router, catalog, settings.service, limits=limits)
-    store = open_job_store(settings.broker_url, settings.job_ttl_s, settings.service.channel_prefix)
-    jobs = build_jobs(transport, store, service, settings.gateway_id)
+    store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s, prefix)
+    jobs = build_jobs(transport, store, service, settings.gateway_id,
+                      JobSettings(channel_prefix=settings.service.channel_prefix))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -127,8 +132,10 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     transport = open_transport(settings.broker_url)
-    heartbeats = RedisHeartbeats(settings.broker_url, settings.worker.channel_prefix)
-    job_gate = open_job_store(settings.broker_url, prefix=settings.worker.channel_prefix)
+    prefix = settings.worker.channel_prefix
+    heartbeats = open_heartbeats(settings.broker_url, transport, settings.worker.worker_id, prefix)
+    assert heartbeats is not None, "a worker alone needs a shared broker"
+    job_gate = open_job_gate(settings.broker_url, settings.job_store_url, prefix)
     worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker,
                     job_gate=job_gate, message_format=V2MessageFormat())
     heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
@@ -145,6 +152,7 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
         await heartbeat.aclose()
         await worker.aclose()
         await heartbeats.aclose()
-        await job_gate.aclose()
+        if job_gate is not None:
+            await job_gate.aclose()
         await transport.aclose()
     log.info("worker.stopped", worker=worker.worker_id)

@@ -53,14 +53,27 @@ class HeartbeatStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-def encode_heartbeat(worker_id: str, models: ServedModels, sent_ns: int) -> bytes:
+def encode_heartbeat(worker_id: str, models: ServedModels, sent_ns: int, ttl_s: float = 0.0) -> bytes:
     return msgpack.packb({
         "v": 1,
         "kind": "heartbeat",
         "worker": worker_id,
         "models": {name: list(versions) for name, versions in models.items()},
         "sent_ns": sent_ns,
+        "ttl_ms": round(ttl_s * 1000),
     }, use_bin_type=True)
+
+
+def heartbeat_expiry_ns(raw: bytes) -> int:
+    """When a heartbeat stops counting: ``sent_ns`` plus its TTL (0 if unreadable)."""
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+        sent, ttl_ms = body["sent_ns"], body["ttl_ms"]
+    except Exception:  # msgpack raises many types for corrupt input; a missing field is KeyError
+        return 0
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (sent, ttl_ms)):
+        return 0
+    return int(sent + ttl_ms * 1_000_000)
 
 
 def decode_heartbeat(raw: bytes) -> tuple[str, ServedModels] | None:

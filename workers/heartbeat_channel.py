@@ -1,0 +1,62 @@
+"""Heartbeats over a broker channel, for brokers without keys that expire (Kafka).
+
+Workers publish each heartbeat to ``ferry.heartbeats``, keyed by worker id,
+with its TTL inside; a clean exit publishes one with no models and a TTL of
+zero. Every reader (a gateway) follows the channel in a consumer group of its
+own, so it sees every worker's beats, and counts a worker live until its last
+beat's ``sent_ns + ttl`` passes. A reader that starts late reads the
+channel's history first; beats older than their TTL count for nothing, so the
+history only needs to be kept as long as a TTL (a short retention is enough).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from broker import channels
+from broker.reader import ChannelReader
+from broker.transport import Delivery, Transport
+from workers.heartbeat import ServedModels, decode_heartbeat, encode_heartbeat, heartbeat_expiry_ns
+
+
+class ChannelHeartbeats:
+    def __init__(self, transport: Transport, reader_id: str = "", prefix: str = channels.PREFIX,
+                 wall_ns: Callable[[], int] = time.time_ns, poll_timeout_s: float = 0.5) -> None:
+        self._transport = transport
+        self._channel = channels.heartbeat_channel(prefix)
+        self._wall_ns = wall_ns
+        self._beats: dict[str, tuple[ServedModels, int]] = {}
+        reader_id = reader_id or uuid.uuid4().hex[:12]
+        self._reader = ChannelReader(transport, self._channel, f"{self._channel}.{reader_id}", reader_id,
+                                     self._record, batch=256, poll_timeout_s=poll_timeout_s)
+        self._reading = False
+
+    async def beat(self, worker_id: str, models: ServedModels, ttl_s: float) -> None:
+        raw = encode_heartbeat(worker_id, models, self._wall_ns(), ttl_s)
+        await self._transport.publish(self._channel, raw, key=worker_id)
+
+    async def remove(self, worker_id: str) -> None:
+        await self._transport.publish(self._channel, encode_heartbeat(worker_id, {}, self._wall_ns()), key=worker_id)
+
+    async def live(self) -> dict[str, ServedModels]:
+        if not self._reading:
+            self._reading = True
+            await self._reader.start()
+        now = self._wall_ns()
+        return {worker: models for worker, (models, expiry) in self._beats.items() if expiry > now}
+
+    async def aclose(self) -> None:
+        await self._reader.aclose()
+
+    async def _record(self, delivery: Delivery) -> None:
+        found = decode_heartbeat(delivery.payload)
+        if found is None:
+            return
+        worker, models = found
+        expiry = heartbeat_expiry_ns(delivery.payload)
+        if expiry <= self._wall_ns():
+            self._beats.pop(worker, None)
+        else:
+            self._beats[worker] = (models, expiry)
