@@ -4,7 +4,8 @@ A model's queue is its request channels on the broker: what is waiting there
 plus what workers hold and have not answered, summed over its priority
 levels. It is shared by every gateway, so each gateway samples it from the
 broker (``Backlog.backlog``) at most every ``refresh_s`` per model, and adds
-what it has itself admitted since its last sample. A full queue (Triton's
+what it has itself admitted since its last sample, or admitted and not yet
+published (those a sample cannot have seen). A full queue (Triton's
 ``max_queue_size``, 0 meaning no limit) raises ``QueueFull``, which the HTTP
 layer answers with 503 and ``Retry-After``.
 """
@@ -12,9 +13,10 @@ layer answers with 503 and ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +40,7 @@ class _Sample:
     depth: int = 0
     taken_at: float = -math.inf
     admitted_since: int = 0
+    in_transit: int = 0  # admitted, not yet on the broker
     refreshing: asyncio.Future[None] | None = None
 
 
@@ -51,10 +54,12 @@ class QueueLimits:
         self._clock = clock
         self._samples: dict[str, _Sample] = {}
 
-    async def admit(self, model: str, config: ModelConfig) -> None:
-        """Return if ``model`` has room for one more request; raise QueueFull if not."""
+    @contextlib.asynccontextmanager
+    async def admission(self, model: str, config: ModelConfig) -> AsyncIterator[None]:
+        """Admit one request to ``model`` (or raise QueueFull) for the block that publishes it."""
         limit = config.queue_policy.max_queue_size
         if limit <= 0:
+            yield
             return
         sample = self._samples.setdefault(model, _Sample())
         if self._clock() - sample.taken_at >= self._refresh_s:
@@ -62,6 +67,11 @@ class QueueLimits:
         if sample.depth + sample.admitted_since >= limit:
             raise QueueFull(f"the queue of model '{model}' is full ({limit} requests)", self._retry_after_s)
         sample.admitted_since += 1
+        sample.in_transit += 1
+        try:
+            yield
+        finally:
+            sample.in_transit -= 1
 
     async def _refresh(self, model: str, config: ModelConfig, sample: _Sample) -> None:
         # One broker round trip per model at a time; concurrent callers share it.
@@ -75,7 +85,8 @@ class QueueLimits:
             for channel in channels.request_channels(model, config.priority_levels, self._prefix):
                 waiting, held = await self._broker.backlog(channel, group)
                 depth += waiting + held
-            sample.depth, sample.taken_at, sample.admitted_since = depth, self._clock(), 0
+            # What is still being published cannot be in the depth just read.
+            sample.depth, sample.taken_at, sample.admitted_since = depth, self._clock(), sample.in_transit
         except TransportError as exc:
             # Fail open: a broker that cannot be read will refuse the publish itself.
             log.warning("admission.sample_failed", model=model, error=str(exc))

@@ -74,11 +74,18 @@ class InferenceService:
 
     async def publish(self, request: Request) -> None:
         config = self.catalog.entry(request.model).config
-        if self._limits is not None:
-            await self._limits.admit(request.model, config)
         channel = channels.request_channel(request.model, self._settings.channel_prefix,
                                            config.priority_level(request.priority))
-        await self._transport.publish(channel, encode_request(request))
+        if self._limits is None:
+            await self._transport.publish(channel, encode_request(request), key=_key(request))
+            return
+        async with self._limits.admission(request.model, config):
+            await self._transport.publish(channel, encode_request(request), key=_key(request))
+
+def _key(request: Request) -> str:
+    """The partition key: a sequence stays on one partition (Kafka), else the id spreads the load."""
+    return str(request.sequence_id) if request.sequence_id is not None else request.id
+
 
 def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, request_id: str,
                   now_ns: int, trace: dict[str, str] | None = None) -> Request:

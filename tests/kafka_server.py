@@ -139,6 +139,8 @@ class KafkaServer:
         self._num_partitions = num_partitions
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._config: Path | None = None
+        self._classpath = ""
         self.port = 0
 
     @property
@@ -172,6 +174,23 @@ class KafkaServer:
             self.stop()
             raise
 
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the broker (SIGTERM), wait ``down_s``, and start it again on the
+        same ports and data, as an operator's restart would."""
+        assert self._process is not None and self._config is not None, "the broker is not started"
+        self._terminate(self._process)
+        self._process = None
+        time.sleep(down_s)
+        self._process = self._launch(self._classpath, self._config)
+        if not self._wait_ready(after=self._log_size()):
+            raise KafkaStartError(f"the Kafka broker did not restart; its log ends:\n{self._log_tail()}")
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def stop(self) -> None:
         if self._process is not None:
             self._terminate(self._process)
@@ -189,6 +208,7 @@ class KafkaServer:
             self._format(classpath, config)
             self._process = self._launch(classpath, config)
             if self._wait_ready():
+                self._config, self._classpath = config, classpath
                 return
             hung = self._process.poll() is None  # a lost port race exits; a hang will not mend
             self._terminate(self._process)
@@ -228,10 +248,10 @@ class KafkaServer:
         config = self.log_path.with_name("log4j2.properties")
         return [self._java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={config}", "-cp", classpath]
 
-    def _wait_ready(self) -> bool:
+    def _wait_ready(self, after: int = 0) -> bool:
         assert self._process is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
-        offset = 0
+        offset = after
         while time.monotonic() < deadline and self._process.poll() is None:
             chunk = self._read_log(offset)
             if READY_LINE in chunk:

@@ -93,3 +93,18 @@ def test_broker_listens_on_loopback_only(tmp_path: Path) -> None:
     assert listeners and all("://" in line for line in listeners)
     assert all(address.split("://")[1].startswith("127.0.0.1:") for line in listeners
                for address in line.split("=", 1)[1].split(","))  # fmt: skip
+
+
+def test_a_restarted_broker_keeps_its_port_and_its_topics(tmp_path):
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed")
+    with KafkaServer() as server:
+        port = server.port
+        produce = ["kcat", "-b", server.bootstrap, "-P", "-t", "kept"]
+        subprocess.run(produce, input=b"before\n", check=True, timeout=60)
+        server.restart(down_s=0.5)
+        assert server.port == port
+        subprocess.run(produce, input=b"after\n", check=True, timeout=60)
+        consumed = subprocess.run(["kcat", "-b", server.bootstrap, "-C", "-t", "kept", "-o", "beginning", "-e"],
+                                  check=True, capture_output=True, timeout=60).stdout
+    assert consumed.split() == [b"before", b"after"]

@@ -6,18 +6,22 @@ from urllib.parse import urlsplit
 
 from broker.errors import BrokerError
 from broker.transport import Transport
+from broker.transports.kafka import KafkaTransport
 from broker.transports.memory import MemoryTransport
 from broker.transports.redis import RedisTransport
 
 
 def open_transport(url: str) -> Transport:
-    """``memory://`` for the embedded broker, ``redis://host:port/db`` for Redis Streams."""
+    """``memory://`` for the embedded broker, ``redis://host:port/db`` for Redis Streams,
+    ``kafka://host:port[,host:port...][?partitions=N]`` for Kafka."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return MemoryTransport()
     if scheme == "redis":
         return RedisTransport(url)
-    raise BrokerError(f"unsupported broker URL '{url}': expected memory:// or redis://")
+    if scheme == "kafka":
+        return KafkaTransport(url)
+    raise BrokerError(f"unsupported broker URL '{url}': expected memory://, redis:// or kafka://")
 
 
-__all__ = ["MemoryTransport", "RedisTransport", "open_transport"]
+__all__ = ["KafkaTransport", "MemoryTransport", "RedisTransport", "open_transport"]

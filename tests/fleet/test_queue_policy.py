@@ -110,7 +110,8 @@ class Answer:
     received: float
 
 
-def post_infer(gateway: Gateway, model: str, value: float, parameters: dict[str, Any] | None = None) -> Answer:
+def post_infer(gateway: Gateway, model: str, value: float, parameters: dict[str, Any] | None = None,
+               timeout_s: float = 60.0) -> Answer:
     """A JSON V2 infer through urllib, keeping the status and headers tritonclient hides."""
     header: dict[str, Any] = {"inputs": [{"name": "X", "shape": [1, 1], "datatype": "FP32", "data": [value]}]}
     if parameters:
@@ -121,7 +122,7 @@ def post_infer(gateway: Gateway, model: str, value: float, parameters: dict[str,
     )
     sent = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             status, headers, raw = int(response.status), dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
         status, headers, raw = int(exc.code), dict(exc.headers), exc.read()
@@ -369,7 +370,8 @@ def test_a_priority_outside_the_models_levels_is_refused_with_400(redis_url: str
     with Fleet(redis_url, repo, tmp_path) as fleet:
         gateway = start_fleet(fleet, "ranked")
         for priority in (LEVELS + 1, -1, "high"):
-            answer = post_infer(gateway, "ranked", 1.0, {"priority": priority})
+            # A level no worker reads would leave the request waiting: fail fast instead.
+            answer = post_infer(gateway, "ranked", 1.0, {"priority": priority}, timeout_s=5.0)
             assert answer.status == 400, answer
             assert "priority" in answer.body["error"], answer.body
         error = triton_error(gateway, "ranked", 1.0, priority=LEVELS + 1)

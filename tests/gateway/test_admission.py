@@ -22,6 +22,11 @@ def config(max_queue_size: int, levels: int = 0) -> ModelConfig:
     })
 
 
+async def admit(limits: QueueLimits, model: str, cfg: ModelConfig) -> None:
+    async with limits.admission(model, cfg):
+        pass
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -36,16 +41,16 @@ async def test_requests_are_refused_once_the_queue_holds_max_queue_size():
         limits = QueueLimits(broker, clock=clock, retry_after_s=2)
         for _ in range(3):
             await broker.publish(channels.request_channel("m"), b"waiting")
-        await limits.admit("m", config(5))
-        await limits.admit("m", config(5))  # 3 waiting + 2 admitted since the sample
+        await admit(limits, "m", config(5))
+        await admit(limits, "m", config(5))  # 3 waiting + 2 admitted since the sample
         with pytest.raises(QueueFull, match="queue of model 'm' is full") as refused:
-            await limits.admit("m", config(5))
+            await admit(limits, "m", config(5))
         assert refused.value.retry_after_s == 2
         # Workers take and answer everything; the next sample sees room again.
         for delivery in await broker.fetch(channels.request_channel("m"), channels.worker_group("m"), "w", 10, 0):
             await broker.ack(delivery)
         clock.now += 1
-        await limits.admit("m", config(5))
+        await admit(limits, "m", config(5))
 
 
 async def test_held_but_unanswered_requests_count_and_every_level_counts():
@@ -57,7 +62,7 @@ async def test_held_but_unanswered_requests_count_and_every_level_counts():
         await broker.publish(channels.request_channel("m", level=2), b"b")
         await broker.fetch(channels.request_channel("m", level=1), group, "w", 1, 0)  # held, not acked
         with pytest.raises(QueueFull):
-            await limits.admit("m", config(2, levels=2))
+            await admit(limits, "m", config(2, levels=2))
 
 
 async def test_a_model_without_a_limit_is_never_refused():
@@ -65,4 +70,15 @@ async def test_a_model_without_a_limit_is_never_refused():
         limits = QueueLimits(broker)
         for _ in range(100):
             await broker.publish(channels.request_channel("m"), b"x")
-        await limits.admit("m", config(0))
+        await admit(limits, "m", config(0))
+
+
+async def test_requests_admitted_but_not_yet_published_still_count_after_a_sample():
+    clock = Clock()
+    async with MemoryTransport() as broker:
+        limits = QueueLimits(broker, clock=clock)
+        async with limits.admission("m", config(2)):
+            clock.now += 1  # a fresh sample now cannot see the request still being published
+            await admit(limits, "m", config(2))
+            with pytest.raises(QueueFull):
+                await admit(limits, "m", config(2))

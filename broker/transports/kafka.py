@@ -1,0 +1,307 @@
+"""The Kafka transport (kafka-python).
+
+Each channel is a topic, created with ``partitions`` partitions on first
+publish or subscribe. A group is a Kafka consumer group, and each
+(group, consumer) pair one ``GroupMember``: a KafkaConsumer on a thread of
+its own (see ``kafka_member``). Records carry the headers given to
+``publish``; the record key, when there is one, comes back as the header
+``kafka-key``. Message ids are ``<partition>-<offset>``.
+
+Where Kafka differs from Redis Streams, and what this transport does:
+
+- Work is shared by partition, not by message: a group member reads the
+  partitions the group assigned it, so a message goes to whichever member
+  owns its partition, in partition order. There is no order across
+  partitions; a single-partition topic has one total order.
+- A message is done when its partition's committed offset passes it, and
+  the member commits only the acked prefix of each partition. Nothing is
+  claimed: a dead member's partitions go to the others when its session
+  times out, and they read on from the committed offset, so its unacked
+  messages come round again. ``claim_stale`` returns nothing for that reason.
+- ``release`` cannot rewind one message of a partition, so it publishes the
+  message again (same key and headers, ``ferry-attempts`` one higher) and
+  acks the original: any member may retry it, and the count travels with it.
+- ``trim`` drops nothing: the topic's retention policy does.
+- ``fetch_first`` serves the first channel that has something *buffered*;
+  records already fetched from a later channel can go out before an earlier
+  channel's records that have not yet been fetched.
+- ``fetch`` with no timeout first waits (up to ``catch_up_timeout_s``) for the
+  member to join its group and read up to the end offsets, so "what is
+  there now" includes what was published just before.
+- ``backlog`` counts from the group's committed offsets, corrected by this
+  process's own members: deliveries handed out here count as delivered
+  (pending until acked). Deliveries held by members in other processes count
+  as not yet delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+
+from broker.errors import TransportClosed, TransportError
+from broker.transport import Delivery, Headers
+from broker.transports.kafka_api import (
+    FAST_CRC, KafkaAdminClient, KafkaConnectionError, KafkaError, KafkaProducer, OffsetSpec,
+    TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError, reachable,
+)  # fmt: skip
+from broker.transports.kafka_member import ATTEMPTS_HEADER, KEY_HEADER, GroupMember
+from broker.transports.kafka_settings import KafkaSettings
+
+log = structlog.get_logger("ferry.broker.kafka")
+
+MAX_REPLICATION = 3
+# The transport's own headers, which ``release`` sets afresh.
+OWN_HEADERS = frozenset({ATTEMPTS_HEADER, KEY_HEADER})
+
+
+class KafkaTransport:
+    def __init__(self, settings: KafkaSettings | str) -> None:
+        self._settings = KafkaSettings.from_url(settings) if isinstance(settings, str) else settings
+        if not FAST_CRC:
+            log.warning("kafka.slow_crc", hint="install kafka-python[crc32c]: records are checksummed in pure Python")
+        # Blocking kafka-python calls (admin requests, the first send to a
+        # topic) run here, never on the event loop.
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ferry-kafka-io")
+        self._admin_lock = threading.Lock()
+        self._admin: KafkaAdminClient | None = None
+        self._producer: KafkaProducer | None = None
+        self._members: dict[tuple[str, str], GroupMember] = {}
+        self._topics: set[str] = set()
+        self._warm: set[str] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> KafkaTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
+                      headers: Headers = ()) -> str:
+        return await self._send(channel, payload, None if key is None else key.encode(), headers)
+
+    async def fetch(
+        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
+        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
+
+    async def fetch_first(
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
+        self._check_open()
+        with self._edge():
+            for channel in channels:
+                await self._ensure_topic(self._topic(channel))
+            member = self._member(group, consumer, channels)
+            return await member.fetch(channels, max_count, timeout_s)
+
+    async def ack(self, delivery: Delivery) -> None:
+        self._check_open()
+        member = self._members.get((delivery.group, delivery.consumer))
+        if member is not None:
+            partition, offset = _position(delivery.message_id)
+            member.ack(delivery.channel, partition, offset)
+
+    async def trim(self, channel: str) -> int:
+        """Kafka's retention policy drops old records; nothing to do here."""
+        self._check_open()
+        return 0
+
+    async def claim_stale(
+        self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
+    ) -> list[Delivery]:
+        """Always empty: the group rebalance reassigns a dead member's
+        partitions, and the new owner re-reads what was left uncommitted."""
+        self._check_open()
+        return []
+
+    async def release(self, delivery: Delivery) -> None:
+        """Publish the delivery again with its attempt count raised, then ack it."""
+        self._check_open()
+        headers = tuple((name, value) for name, value in delivery.headers if name.lower() not in OWN_HEADERS)
+        headers += ((ATTEMPTS_HEADER, str(delivery.attempts + 1).encode()),)
+        await self._send(delivery.channel, delivery.payload, delivery.header(KEY_HEADER), headers)
+        await self.ack(delivery)
+
+    async def backlog(self, channel: str, group: str) -> tuple[int, int]:
+        """(not yet delivered, delivered but not acked), as the module docstring qualifies."""
+        self._check_open()
+        with self._edge():
+            bases = await self._blocking(self._group_lag_bases, self._topic(channel), self._topic(group))
+        if bases is None:
+            return 0, 0
+        in_flight = pending = 0
+        for member in self._members.values():
+            if member.group != group:
+                continue
+            progress = member.inbox.progress(channel)
+            for partition, point in progress.commit_points.items():
+                if partition in bases:
+                    base, end = bases[partition]
+                    bases[partition] = (max(base, point), end)
+            in_flight += progress.in_flight
+            pending += progress.pending
+        unread = sum(max(0, end - base) for base, end in bases.values())
+        return max(0, unread - in_flight), pending
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        members, self._members = list(self._members.values()), {}
+        await asyncio.gather(*(member.aclose() for member in members), return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(self._io, self._close_clients)
+        self._io.shutdown(wait=False)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed("kafka transport is closed")
+
+    @contextmanager
+    def _edge(self) -> Iterator[None]:
+        try:
+            yield
+        except KafkaError as exc:
+            if self._closed:
+                raise TransportClosed("kafka transport is closed") from exc
+            raise TransportError(f"kafka: {exc!r}") from exc
+
+    async def _blocking(self, call: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
+
+    def _member(self, group: str, consumer: str, channels: Sequence[str]) -> GroupMember:
+        member = self._members.get((group, consumer))
+        if member is None:
+            member = self._members[(group, consumer)] = GroupMember(self._settings, group, consumer, channels)
+        elif not member.topics.issuperset(channels):
+            member.subscribe(channels)
+        return member
+
+    def _topic(self, name: str) -> str:
+        """The cluster's name for a channel or group."""
+        return self._settings.namespace + name
+
+    async def _send(self, channel: str, payload: bytes, key: bytes | None, headers: Headers) -> str:
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        topic = self._topic(channel)
+        with self._edge():
+            await self._ensure_topic(topic)
+            if topic not in self._warm:
+                # The first send to a topic waits for its metadata; later ones only append to a buffer.
+                await self._blocking(self._warm_up, topic)
+            sent = self._producer_client().send(topic, value=bytes(payload), key=key, headers=list(headers))
+            sent.add_callback(lambda metadata: _settle(loop, done, metadata, None))
+            sent.add_errback(lambda error: _settle(loop, done, None, error))
+            metadata = await done
+        return f"{metadata.partition}-{metadata.offset}"
+
+    def _warm_up(self, topic: str) -> None:
+        with self._admin_lock:  # one producer, however many sends race to make it
+            producer = self._producer_client()
+        producer.partitions_for(topic)
+        self._warm.add(topic)
+
+    def _producer_client(self) -> KafkaProducer:
+        if self._producer is None:
+            settings = self._settings
+            self._check_reachable()
+            self._producer = KafkaProducer(
+                bootstrap_servers=list(settings.bootstrap), acks="all", linger_ms=2, compression_type=None,
+                max_request_size=settings.max_message_bytes + (1 << 20),
+                max_block_ms=settings.request_timeout_ms,
+                request_timeout_ms=settings.request_timeout_ms, bootstrap_timeout_ms=settings.request_timeout_ms,
+            )  # fmt: skip
+        return self._producer
+
+    def _check_reachable(self) -> None:
+        if not reachable(self._settings.bootstrap, self._settings.request_timeout_ms / 1000):
+            raise KafkaConnectionError(f"no broker at {','.join(self._settings.bootstrap)}")
+
+    def _admin_client(self) -> KafkaAdminClient:
+        if self._admin is None:
+            self._check_reachable()
+            self._admin = KafkaAdminClient(
+                bootstrap_servers=list(self._settings.bootstrap), request_timeout_ms=self._settings.request_timeout_ms,
+                bootstrap_timeout_ms=self._settings.request_timeout_ms,
+            )  # fmt: skip
+        return self._admin
+
+    async def _ensure_topic(self, topic: str) -> None:
+        if topic not in self._topics:
+            await self._blocking(self._create_topic, topic)
+            self._topics.add(topic)
+
+    def _create_topic(self, topic: str) -> None:
+        settings = self._settings
+        with self._admin_lock:
+            admin = self._admin_client()
+            brokers = len(admin.describe_cluster()["brokers"])
+            spec = {
+                "num_partitions": settings.partitions,
+                "replication_factor": min(MAX_REPLICATION, max(1, brokers)),
+                "configs": {"max.message.bytes": str(settings.max_message_bytes + (1 << 20))},
+            }
+            try:
+                admin.create_topics({topic: spec}, wait_for_metadata=True)
+            except TopicAlreadyExistsError:
+                pass
+
+    def _group_lag_bases(self, topic: str, group: str) -> dict[int, tuple[int, int]] | None:
+        """Per partition: (the group's committed offset or the log start, the log end); None if no topic."""
+        with self._admin_lock:
+            admin = self._admin_client()
+            (described,) = admin.describe_topics([topic])
+            if described["error_code"] == UnknownTopicOrPartitionError.errno:
+                return None
+            tps = [TopicPartition(topic, p["partition_index"]) for p in described["partitions"]]
+            starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
+            ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
+            committed = admin.list_group_offsets({group: tps}).get(group, {})
+        bases = {}
+        for tp in tps:
+            mark = committed.get(tp)
+            base = mark.offset if mark is not None and mark.offset >= 0 else starts[tp].offset
+            bases[tp.partition] = (base, ends[tp].offset)
+        return bases
+
+    def _close_clients(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.flush(timeout=5)
+            except KafkaError:
+                pass
+            self._producer.close(timeout=5)
+        with self._admin_lock:
+            if self._admin is not None:
+                self._admin.close()
+
+
+def _position(message_id: str) -> tuple[int, int]:
+    partition, _, offset = message_id.partition("-")
+    return int(partition), int(offset)
+
+
+def _settle(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], value: Any, error: Any) -> None:
+    def settle() -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error if isinstance(error, BaseException) else KafkaError(str(error)))
+        else:
+            done.set_result(value)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass  # the loop has closed; nobody awaits the send any more

@@ -1,0 +1,327 @@
+"""One member of a Kafka consumer group: a KafkaConsumer and the one thread that owns it.
+
+kafka-python consumers are neither thread-safe nor asyncio, so each member's
+consumer lives on a dedicated thread that polls it in a loop and hands
+records to the event loop through an ``Inbox``. The thread polls whether or
+not the application is fetching; when the inbox is full it pauses every
+assigned partition and keeps polling, so a worker busy with a long batch
+never overruns ``max.poll.interval.ms`` and triggers a rebalance (the storm
+where every slow batch evicts its worker and hands its partitions around).
+
+Acks are recorded in the inbox at once; the thread commits each partition's
+acked prefix asynchronously on its next turn (at most ``poll_interval_ms``
+later), and once more synchronously on close. On a rebalance the revoked
+partitions' acked prefixes are committed and their buffered records
+dropped; acks that arrive for them later are ignored, and the new owner
+reads those messages again (at-least-once). The cooperative-sticky assignor
+keeps every partition that does not move, so a member joining or leaving
+does not make the others drop their work in hand.
+
+Broker outages do not end the thread: kafka-python reconnects by itself, and
+a failed turn is logged and retried after a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from broker.errors import TransportClosed
+from broker.transport import Delivery
+from broker.transports.kafka_api import (
+    ConsumerRebalanceListener, CooperativeStickyAssignor, KafkaConsumer, KafkaError, MemberState,
+    KafkaConnectionError, OffsetAndMetadata, TopicPartition, reachable,
+)  # fmt: skip
+from broker.transports.kafka_inbox import Inbox, Partition, Record
+from broker.transports.kafka_settings import KafkaSettings
+
+log = structlog.get_logger("ferry.broker.kafka")
+
+ATTEMPTS_HEADER = "ferry-attempts"
+KEY_HEADER = "kafka-key"
+RETRY_PAUSE_S = 0.5
+CLOSE_TIMEOUT_MS = 5_000
+
+
+@dataclass(slots=True)
+class _CatchUp:
+    """A fetch waiting until the member holds what was published before it."""
+
+    done: asyncio.Future[None]
+    max_count: int
+    ends: dict[TopicPartition, int] | None = None
+
+
+class GroupMember:
+    def __init__(self, settings: KafkaSettings, group: str, consumer: str, topics: Sequence[str]) -> None:
+        self.group = group
+        self.consumer = consumer
+        self.inbox = Inbox()
+        self._settings = settings
+        self._namespace = settings.namespace
+        self._topics = frozenset(topics)
+        self._subscribed: frozenset[str] = frozenset()
+        self._loop = asyncio.get_running_loop()
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._requests: queue.SimpleQueue[_CatchUp] = queue.SimpleQueue()
+        self._catch_ups: list[_CatchUp] = []
+        self._limit = settings.buffer_records
+        self._stopping = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"ferry-kafka-{group}-{consumer}", daemon=True)
+        self._thread.start()
+
+    # -- the event loop's side --------------------------------------------
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return self._topics
+
+    def subscribe(self, topics: Sequence[str]) -> None:
+        """Widen the subscription (a rebalance); the thread picks it up on its next turn."""
+        self._topics = self._topics | frozenset(topics)
+
+    async def fetch(self, channels: Sequence[str], max_count: int, timeout_s: float) -> list[Delivery]:
+        self._limit = max(self._limit, 2 * max_count)
+        if timeout_s <= 0:
+            # "Nothing to wait for" on Kafka still means joining the group and
+            # reading up to the end offsets: a message published before this
+            # call must come back from it, as it does on the other transports.
+            await self._catch_up(max_count)
+            return self._take(channels, max_count)
+        deadline = self._loop.time() + timeout_s
+        while not (taken := self._take(channels, max_count)):
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return []
+            await self._wait(remaining)
+        return taken
+
+    def ack(self, channel: str, partition: int, offset: int) -> None:
+        self.inbox.ack(channel, partition, offset)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._wake()
+        self._stopping.set()
+        await asyncio.to_thread(self._thread.join)
+
+    def _take(self, channels: Sequence[str], max_count: int) -> list[Delivery]:
+        if self._closed:
+            raise TransportClosed("kafka transport is closed")
+        return self.inbox.take(channels, max_count)
+
+    async def _wait(self, timeout_s: float) -> None:
+        waiter = self._loop.create_future()
+        self._waiters.add(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)
+
+    async def _catch_up(self, max_count: int) -> None:
+        request = _CatchUp(self._loop.create_future(), max_count)
+        self._waiters.add(request.done)
+        self._requests.put(request)
+        try:
+            async with asyncio.timeout(self._settings.catch_up_timeout_s):
+                await request.done
+        except TimeoutError:
+            log.warning("kafka.catch_up_timed_out", group=self.group, consumer=self.consumer)
+        finally:
+            self._waiters.discard(request.done)
+
+    def _wake(self) -> None:
+        for waiter in list(self._waiters):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _call_soon(self, callback: Any, *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is gone; nobody is waiting any more
+
+    # -- the poll thread's side --------------------------------------------
+
+    def _run(self) -> None:
+        consumer: KafkaConsumer | None = None
+        while not self._stopping.is_set():
+            try:
+                if consumer is None:
+                    consumer = self._open()
+                self._turn(consumer)
+            except Exception as exc:  # the thread must outlive any broker trouble
+                log.warning("kafka.member_failed", group=self.group, consumer=self.consumer, error=repr(exc))
+                self._stopping.wait(RETRY_PAUSE_S)
+        if consumer is not None:
+            self._shut(consumer)
+
+    def _open(self) -> KafkaConsumer:
+        settings = self._settings
+        if not reachable(settings.bootstrap, settings.request_timeout_ms / 1000):
+            raise KafkaConnectionError(f"no broker at {','.join(settings.bootstrap)}")
+        consumer = KafkaConsumer(
+            bootstrap_servers=list(settings.bootstrap), group_id=self._namespace + self.group, client_id=self.consumer,
+            enable_auto_commit=False, auto_offset_reset="earliest",
+            partition_assignment_strategy=(CooperativeStickyAssignor,),
+            session_timeout_ms=settings.session_timeout_ms, heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            max_poll_interval_ms=settings.max_poll_interval_ms, max_poll_records=settings.max_poll_records,
+            fetch_max_bytes=settings.max_message_bytes + (1 << 20),
+            max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+            receive_message_max_bytes=settings.max_message_bytes + (4 << 20),
+            bootstrap_timeout_ms=settings.request_timeout_ms,
+        )  # fmt: skip
+        self._subscribe(consumer)
+        return consumer
+
+    def _subscribe(self, consumer: KafkaConsumer) -> None:
+        self._subscribed = self._topics
+        topics = sorted(self._namespace + topic for topic in self._subscribed)
+        # The group leader assigns only partitions its metadata knows of; a
+        # topic created a moment ago may not be there yet, and the first
+        # generation would then hand out nothing.
+        for topic in topics:
+            consumer.partitions_for_topic(topic)
+        consumer.subscribe(topics, listener=_Rebalance(consumer, self.inbox, self._namespace))
+
+    def _turn(self, consumer: KafkaConsumer) -> None:
+        if self._topics != self._subscribed:
+            self._subscribe(consumer)
+        self._commit(consumer)
+        self._flow(consumer)
+        batches = consumer.poll(timeout_ms=self._settings.poll_interval_ms)
+        records = [self._record(r) for batch in batches.values() for r in batch]
+        if records and self.inbox.add(records):
+            self._call_soon(self._wake)
+        self._serve_catch_ups(consumer)
+
+    def _commit(self, consumer: KafkaConsumer) -> None:
+        due = self.inbox.due_commits()
+        if not due:
+            return
+
+        def done(_offsets: object, response: object) -> None:
+            if isinstance(response, Exception):
+                log.info("kafka.commit_failed", group=self.group, error=repr(response))
+                self.inbox.commit_failed(due)
+
+        consumer.commit_async(_offsets(due, self._namespace), callback=done)
+
+    def _flow(self, consumer: KafkaConsumer) -> None:
+        count, size = self.inbox.buffered
+        if count >= self._limit or size >= self._settings.buffer_bytes:
+            assigned = consumer.assignment()
+            if assigned - consumer.paused():
+                consumer.pause(*assigned)
+        elif consumer.paused():
+            consumer.resume(*consumer.paused())
+
+    def _serve_catch_ups(self, consumer: KafkaConsumer) -> None:
+        while not self._requests.empty():
+            self._catch_ups.append(self._requests.get())
+        waiting = []
+        for request in self._catch_ups:
+            if request.done.done():
+                continue  # timed out on the loop's side
+            if self._caught_up(consumer, request):
+                self._call_soon(_resolve, request.done)
+            else:
+                waiting.append(request)
+        self._catch_ups = waiting
+
+    def _caught_up(self, consumer: KafkaConsumer, request: _CatchUp) -> bool:
+        if consumer.group_metadata().state != MemberState.STABLE:
+            return False
+        assigned = consumer.assignment()
+        if self.inbox.buffered[0] >= request.max_count or (assigned and assigned <= consumer.paused()):
+            return True
+        if request.ends is None or set(request.ends) != assigned:
+            request.ends = consumer.end_offsets(list(assigned), timeout_ms=self._settings.request_timeout_ms)
+        return all(consumer.position(tp, timeout_ms=self._settings.request_timeout_ms) >= end
+                   for tp, end in request.ends.items())  # fmt: skip
+
+    def _record(self, record: Any) -> Record:
+        headers = tuple((name, bytes(value or b"")) for name, value in (record.headers or ()))
+        if record.key is not None:
+            headers += ((KEY_HEADER, bytes(record.key)),)
+        attempts = _attempts(headers)
+        delivery = Delivery(
+            record.topic.removeprefix(self._namespace), self.group, f"{record.partition}-{record.offset}", bytes(record.value or b""),
+            attempts, headers, self.consumer,
+        )  # fmt: skip
+        return Record(record.partition, record.offset, delivery)
+
+    def _shut(self, consumer: KafkaConsumer) -> None:
+        try:
+            due = self.inbox.due_commits()
+            if due:
+                consumer.commit(_offsets(due, self._namespace), timeout_ms=CLOSE_TIMEOUT_MS)
+        except Exception as exc:
+            log.warning("kafka.final_commit_failed", group=self.group, error=repr(exc))
+        try:
+            consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)
+        except Exception as exc:
+            log.warning("kafka.close_failed", group=self.group, error=repr(exc))
+        for request in self._catch_ups:
+            self._call_soon(_resolve, request.done)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python is untyped
+    """Runs on kafka-python's I/O thread, which also sends heartbeats, so it
+    must not block: a synchronous commit from here would wait on that very
+    thread. The async commit goes out on the coordinator connection ahead of
+    our JoinGroup, so the partition's next owner (assigned only after we
+    rejoin) sees it."""
+
+    def __init__(self, consumer: KafkaConsumer, inbox: Inbox, namespace: str) -> None:
+        self._consumer = consumer
+        self._inbox = inbox
+        self._namespace = namespace
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        points = self._inbox.drop(self._partitions(revoked))
+        if points:
+            try:
+                self._consumer.commit_async(_offsets(points, self._namespace))
+            except KafkaError as exc:
+                log.info("kafka.revoke_commit_failed", error=repr(exc))
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        pass
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        # Evicted: our generation is dead, a commit would be refused.
+        self._inbox.drop(self._partitions(lost))
+
+    def _partitions(self, tps: Any) -> list[Partition]:
+        return [(tp.topic.removeprefix(self._namespace), tp.partition) for tp in tps]
+
+
+def _offsets(points: dict[Partition, int], namespace: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {TopicPartition(namespace + topic, partition): OffsetAndMetadata(offset, "", -1)
+            for (topic, partition), offset in points.items()}  # fmt: skip
+
+
+def _attempts(headers: tuple[tuple[str, bytes], ...]) -> int:
+    for name, value in reversed(headers):
+        if name.lower() == ATTEMPTS_HEADER:
+            try:
+                return max(1, int(value))
+            except ValueError:
+                return 1
+    return 1
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,203 @@
+"""What the Kafka transport does beyond the shared contract: offsets, rebalances, retries."""
+
+import asyncio
+import os
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from broker.errors import BrokerError, TransportError
+from broker.transport import Delivery
+from broker.transports.kafka import KafkaTransport
+from broker.transports.kafka_inbox import Inbox, Record
+from broker.transports.kafka_settings import KafkaSettings
+from tests.redis_server import free_port
+
+MIB = 1 << 20
+
+
+def settings(bootstrap: str, **overrides: object) -> KafkaSettings:
+    """Fresh topic and group names on the session's shared broker, and a short session."""
+    namespace = f"kt-{uuid.uuid4().hex[:12]}."
+    return KafkaSettings.from_url(f"kafka://{bootstrap}", namespace=namespace, session_timeout_ms=6_000,
+                                  heartbeat_interval_ms=500, **overrides)  # fmt: skip
+
+
+async def publish_all(transport: KafkaTransport, count: int, channel: str = "c") -> None:
+    for n in range(count):
+        await transport.publish(channel, f"m{n}".encode())
+
+
+async def drain(transport: KafkaTransport, group: str, consumer: str, channel: str = "c") -> list[Delivery]:
+    taken: list[Delivery] = []
+    while batch := await transport.fetch(channel, group, consumer, 100, 0):
+        taken += batch
+    return taken
+
+
+def payloads(deliveries: list[Delivery]) -> list[bytes]:
+    return [d.payload for d in deliveries]
+
+
+# -- settings and the inbox, without a broker -------------------------------
+
+
+def test_url_gives_bootstrap_partitions_and_settings():
+    parsed = KafkaSettings.from_url("kafka://a:9092,b:9093?partitions=8&namespace=x.&catch_up_timeout_s=2.5")
+    assert (parsed.bootstrap, parsed.partitions, parsed.namespace) == (("a:9092", "b:9093"), 8, "x.")
+    assert parsed.catch_up_timeout_s == 2.5
+    with pytest.raises(BrokerError):
+        KafkaSettings.from_url("kafka://a:9092?partitons=8")
+    with pytest.raises(BrokerError):
+        KafkaSettings.from_url("redis://a:9092")
+
+
+def _record(partition: int, offset: int, channel: str = "c") -> Record:
+    return Record(partition, offset, Delivery(channel, "g", f"{partition}-{offset}", b"x"))
+
+
+@pytest.mark.parametrize(
+    ("acked", "commit_point"),
+    [
+        ([], None),
+        ([0], 1),
+        ([1, 2], None),  # a gap at 0: nothing may be committed
+        ([2, 0], 1),  # stops at the gap at 1
+        ([2, 0, 1], 3),
+        ([0, 0, 1], 2),  # acking twice is harmless
+    ],
+)
+def test_commit_point_is_the_end_of_the_acked_prefix(acked: list[int], commit_point: int | None):
+    inbox = Inbox()
+    inbox.add(_record(0, offset) for offset in range(3))
+    inbox.take(["c"], 3)
+    for offset in acked:
+        inbox.ack("c", 0, offset)
+    assert inbox.due_commits() == ({} if commit_point is None else {("c", 0): commit_point})
+    assert inbox.due_commits() == {}  # sent once
+
+
+def test_inbox_ignores_acks_for_records_not_handed_out_and_drops_revoked_partitions():
+    inbox = Inbox()
+    inbox.add([_record(0, 0), _record(1, 0), _record(1, 1)])
+    inbox.ack("c", 1, 0)  # still buffered: not acked
+    assert inbox.due_commits() == {}
+    assert [d.message_id for d in inbox.take(["c"], 1)] == ["0-0"]
+    inbox.ack("c", 0, 0)
+    assert inbox.drop([("c", 0), ("c", 1)]) == {("c", 0): 1}
+    assert inbox.buffered == (0, 0) and inbox.take(["c"], 10) == []
+
+
+def test_inbox_serves_the_first_channel_that_has_records():
+    inbox = Inbox()
+    inbox.add([_record(0, 0, "lo"), _record(0, 1, "lo"), _record(0, 0, "hi")])
+    assert [d.channel for d in inbox.take(["hi", "lo"], 10)] == ["hi"]
+    assert [d.message_id for d in inbox.take(["hi", "lo"], 10)] == ["0-0", "0-1"]
+
+
+# -- against a real broker ---------------------------------------------------
+
+
+async def test_offsets_are_committed_only_after_ack(kafka_bootstrap: str):
+    config = settings(kafka_bootstrap, partitions=1)
+    async with KafkaTransport(config) as transport:
+        await publish_all(transport, 3)
+        first, *_ = await transport.fetch("c", "g", "a", 3, 0)
+        await transport.ack(first)
+    async with KafkaTransport(config) as reopened:
+        assert payloads(await drain(reopened, "g", "b")) == [b"m1", b"m2"]
+
+
+async def test_commits_stop_at_the_first_unacked_offset(kafka_bootstrap: str):
+    config = settings(kafka_bootstrap, partitions=1)
+    async with KafkaTransport(config) as transport:
+        await publish_all(transport, 3)
+        m0, m1, m2 = await transport.fetch("c", "g", "a", 3, 0)
+        await transport.ack(m2)
+        await transport.ack(m0)
+    async with KafkaTransport(config) as reopened:
+        assert payloads(await drain(reopened, "g", "a")) == [b"m1", b"m2"]
+
+
+async def test_members_of_a_group_split_the_partitions(kafka_bootstrap: str):
+    config = settings(kafka_bootstrap, partitions=4)
+    async with KafkaTransport(config) as transport:
+        await transport.fetch("c", "g", "a", 1, 0)
+        await transport.fetch("c", "g", "b", 1, 0)  # joins: a gives up some partitions
+        await transport.fetch("c", "g", "a", 1, 0)  # a's side of the rebalance settles
+        await transport.publish("c", b"warm")  # the first send to a topic picks one partition
+        for n in range(40):
+            await transport.publish("c", f"m{n}".encode(), key=f"k{n}")
+        seen: dict[str, list[Delivery]] = {"a": [], "b": []}
+        async with asyncio.timeout(20):
+            while sum(map(len, seen.values())) < 41:
+                for consumer, got in seen.items():
+                    batch = await transport.fetch("c", "g", consumer, 100, 0.05)
+                    for delivery in batch:
+                        await transport.ack(delivery)
+                    got += batch
+    assert seen["a"] and seen["b"]
+    everything = payloads(seen["a"] + seen["b"])
+    assert sorted(everything) == sorted([b"warm"] + [f"m{n}".encode() for n in range(40)])
+    assert {d.message_id.split("-")[0] for d in seen["a"]}.isdisjoint(d.message_id.split("-")[0] for d in seen["b"])
+
+
+async def test_a_member_that_stops_fetching_keeps_its_partitions(kafka_bootstrap: str):
+    config = settings(kafka_bootstrap, partitions=1, max_poll_interval_ms=1_000, buffer_records=1)
+    async with KafkaTransport(config) as transport:
+        await publish_all(transport, 5)
+        (first,) = await transport.fetch("c", "g", "a", 1, 0)
+        # Well past max.poll.interval.ms: only the member's own polling keeps it in the group.
+        await asyncio.sleep(2.5)
+        await transport.ack(first)
+        rest = await drain(transport, "g", "a")
+        for delivery in rest:
+            await transport.ack(delivery)
+        assert payloads([first, *rest]) == [f"m{n}".encode() for n in range(5)]
+        assert await transport.fetch("c", "g", "a", 10, 0.5) == []
+
+
+async def test_a_released_delivery_comes_back_with_its_count_key_and_headers(kafka_bootstrap: str):
+    async with KafkaTransport(settings(kafka_bootstrap, partitions=1)) as transport:
+        await transport.publish("c", b"retry me", key="request-1", headers=(("content-type", b"x/y"),))
+        (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+        assert (delivery.attempts, delivery.header("kafka-key")) == (1, b"request-1")
+        assert await transport.claim_stale("c", "g", "b", 0, 10) == []
+        await transport.release(delivery)
+        (again,) = await transport.fetch("c", "g", "a", 1, 5)
+    assert (again.payload, again.attempts, again.header("content-type")) == (b"retry me", 2, b"x/y")
+    assert again.header("kafka-key") == b"request-1" and again.message_id != delivery.message_id
+    assert [name for name, _ in again.headers].count("kafka-key") == 1
+
+
+async def test_backlog_counts_from_the_committed_offsets(kafka_bootstrap: str):
+    config = settings(kafka_bootstrap, partitions=2)
+    async with KafkaTransport(config) as transport:
+        assert await transport.backlog("c", "g") == (0, 0)
+        await publish_all(transport, 5)
+        assert await transport.backlog("c", "g") == (5, 0)
+        taken = await transport.fetch("c", "g", "a", 3, 0)
+        await transport.ack(taken[0])
+        assert await transport.backlog("c", "g") == (2, len(taken) - 1)
+        assert await transport.trim("c") == 0
+    async with KafkaTransport(config) as reopened:
+        # Only the acked message was committed; the two taken but unacked count as unread again.
+        assert await reopened.backlog("c", "g") == (4, 0)
+
+
+async def test_an_8_mib_message_round_trips(kafka_bootstrap: str):
+    payload = os.urandom(8 * MIB)
+    async with KafkaTransport(settings(kafka_bootstrap, partitions=1)) as transport:
+        message_id = await transport.publish("c", payload)
+        (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+    assert (delivery.message_id, delivery.payload) == (message_id, payload)
+
+
+async def test_broker_failures_surface_as_transport_error():
+    config = replace(KafkaSettings.from_url(f"kafka://127.0.0.1:{free_port()}"), request_timeout_ms=500)
+    async with KafkaTransport(config) as unreachable:
+        with pytest.raises(TransportError):
+            await unreachable.publish("c", b"x")
+        with pytest.raises(TransportError):
+            await unreachable.backlog("c", "g")
