@@ -118,6 +118,8 @@ def encode_response(response: Response) -> bytes:
 
 def decode_request(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     body = _Fields(_unpack(raw, limits), limits, "request")
+    if not body.string("reply_to", limit=limits.max_name_len):
+        raise EnvelopeError("request field 'reply_to' must name a reply channel")
     return Request(
         id=body.name("id"),
         model=body.name("model"),

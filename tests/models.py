@@ -3,6 +3,8 @@
     write_identity_model(repo, name, datatypes, max_batch_size=8)
     write_python_model(repo, name, source, config_text)
     write_add_sub(repo, name="add_sub", max_batch_size=8, delay_us=100, instances=1)
+    write_recording_model(repo, name, record, poison=None, on_poison="raise", delay_s=0.0)
+    recorded_values(record)
 
 The ONNX builders come from ``model_repo/generate.py`` (loaded by path, as
 ``model_repo/`` is a folder of models, not a package), so the models tests
@@ -90,3 +92,68 @@ def write_add_sub(repo: Path, name: str = "add_sub", max_batch_size: int = 8,
     and re-batched as a test needs."""
     generator().write_add_sub(repo, name, max_batch_size, delay_us, instances)
 
+
+
+# A python model that appends each input value it computes to a file, so a
+# test can count computations across worker processes. One unbatched INT32
+# [1] input, OUTPUT0 = 2 * INPUT0. On ``poison`` it raises RuntimeError
+# ("raise") or kills its process with os._exit(1) ("exit"), after recording.
+RECORDING_MODEL = """
+import os
+import time
+
+import numpy as np
+
+RECORD = {record!r}
+POISON = {poison!r}
+ON_POISON = {on_poison!r}
+DELAY_S = {delay_s!r}
+POISON_ERROR = "poisoned input " + str(POISON)
+
+
+class Model:
+    def infer(self, inputs):
+        value = int(inputs["INPUT0"].reshape(-1)[0])
+        fd = os.open(RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (str(value) + "\\n").encode())
+        finally:
+            os.close(fd)
+        if POISON is not None and value == POISON:
+            if ON_POISON == "exit":
+                os._exit(1)
+            raise RuntimeError(POISON_ERROR)
+        if DELAY_S:
+            time.sleep(DELAY_S)
+        return {{"OUTPUT0": (inputs["INPUT0"] * 2).astype(np.int32)}}
+"""
+RECORDING_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+def write_recording_model(repo: Path, name: str, record: Path, poison: int | None = None,
+                          on_poison: str = "raise", delay_s: float = 0.0) -> None:
+    """Unbatched, so one request is exactly one ``infer`` call (a batch that
+    fails would otherwise be rerun request by request, recording twice)."""
+    if on_poison not in ("raise", "exit"):
+        raise ValueError(f"on_poison must be 'raise' or 'exit', not {on_poison!r}")
+    source = RECORDING_MODEL.format(record=str(record), poison=poison, on_poison=on_poison, delay_s=delay_s)
+    write_python_model(repo, name, source, RECORDING_CONFIG.format(name=name))
+
+
+def recorded_values(record: Path) -> list[int]:
+    """Every value a recording model computed, in order; [] before the first."""
+    if not record.exists():
+        return []
+    return [int(line) for line in record.read_text(encoding="utf-8").split()]
+
+
+def poison_error(poison: int) -> str:
+    """The message a recording model raises with on ``poison``."""
+    return f"poisoned input {poison}"

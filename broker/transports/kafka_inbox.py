@@ -156,6 +156,10 @@ class Inbox:
                 self._buffers[channel] = kept
             return points
 
+    def partitions(self) -> list[Partition]:
+        with self._lock:
+            return list(self._ledgers)
+
     def progress(self, channel: str) -> LocalProgress:
         with self._lock:
             points: dict[int, int] = {}

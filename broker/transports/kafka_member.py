@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ log = structlog.get_logger("ferry.broker.kafka")
 ATTEMPTS_HEADER = "ferry-attempts"
 KEY_HEADER = "kafka-key"
 RETRY_PAUSE_S = 0.5
+# How often the thread checks that its unpaused partitions make progress.
+STALL_CHECK_S = 5.0
 CLOSE_TIMEOUT_MS = 5_000
 
 
@@ -67,8 +70,14 @@ class GroupMember:
         self._namespace = settings.namespace
         self._topics = frozenset(topics)
         self._subscribed: frozenset[str] = frozenset()
+        self._next_stall_check = 0.0
+        self._behind: dict[TopicPartition, int] = {}
+        self._commit_retry_at = 0.0
+        self._commits_failing = False
         self._loop = asyncio.get_running_loop()
         self._waiters: set[asyncio.Future[None]] = set()
+        # Fetches with no timeout, waiting for the thread to say the member has caught up.
+        self._catching_up: set[asyncio.Future[None]] = set()
         self._requests: queue.SimpleQueue[_CatchUp] = queue.SimpleQueue()
         self._catch_ups: list[_CatchUp] = []
         self._limit = settings.buffer_records
@@ -130,7 +139,7 @@ class GroupMember:
 
     async def _catch_up(self, max_count: int) -> None:
         request = _CatchUp(self._loop.create_future(), max_count)
-        self._waiters.add(request.done)
+        self._catching_up.add(request.done)
         self._requests.put(request)
         try:
             async with asyncio.timeout(self._settings.catch_up_timeout_s):
@@ -138,10 +147,12 @@ class GroupMember:
         except TimeoutError:
             log.warning("kafka.catch_up_timed_out", group=self.group, consumer=self.consumer)
         finally:
-            self._waiters.discard(request.done)
+            self._catching_up.discard(request.done)
 
     def _wake(self) -> None:
-        for waiter in list(self._waiters):
+        """Wake fetches waiting for records (and, once closed, those catching up)."""
+        waiting = self._waiters | self._catching_up if self._closed else self._waiters
+        for waiter in list(waiting):
             if not waiter.done():
                 waiter.set_result(None)
 
@@ -155,13 +166,24 @@ class GroupMember:
 
     def _run(self) -> None:
         consumer: KafkaConsumer | None = None
+        failing = False
         while not self._stopping.is_set():
             try:
                 if consumer is None:
                     consumer = self._open()
                 self._turn(consumer)
+                if self._stalled(consumer):
+                    log.warning("kafka.member_stalled", group=self.group, consumer=self.consumer)
+                    self._close(consumer)
+                    consumer = None
+                if failing:
+                    failing = False
+                    log.info("kafka.member_recovered", group=self.group, consumer=self.consumer)
             except Exception as exc:  # the thread must outlive any broker trouble
-                log.warning("kafka.member_failed", group=self.group, consumer=self.consumer, error=repr(exc))
+                # Once per outage at WARNING; the retries every RETRY_PAUSE_S only at DEBUG.
+                report = log.debug if failing else log.warning
+                report("kafka.member_failed", group=self.group, consumer=self.consumer, error=repr(exc))
+                failing = True
                 self._stopping.wait(RETRY_PAUSE_S)
         if consumer is not None:
             self._shut(consumer)
@@ -206,14 +228,23 @@ class GroupMember:
         self._serve_catch_ups(consumer)
 
     def _commit(self, consumer: KafkaConsumer) -> None:
+        # While commits fail (the coordinator is away), retry at a walk, and say so once.
+        if time.monotonic() < self._commit_retry_at:
+            return
         due = self.inbox.due_commits()
         if not due:
             return
 
         def done(_offsets: object, response: object) -> None:
             if isinstance(response, Exception):
-                log.info("kafka.commit_failed", group=self.group, error=repr(response))
+                if not self._commits_failing:
+                    log.warning("kafka.commit_failed", group=self.group, consumer=self.consumer, error=repr(response))
+                self._commits_failing = True
+                self._commit_retry_at = time.monotonic() + RETRY_PAUSE_S
                 self.inbox.commit_failed(due)
+            elif self._commits_failing:
+                self._commits_failing = False
+                log.info("kafka.commits_resumed", group=self.group, consumer=self.consumer)
 
         consumer.commit_async(_offsets(due, self._namespace), callback=done)
 
@@ -250,6 +281,33 @@ class GroupMember:
         return all(consumer.position(tp, timeout_ms=self._settings.request_timeout_ms) >= end
                    for tp, end in request.ends.items())  # fmt: skip
 
+    def _stalled(self, consumer: KafkaConsumer) -> bool:
+        """True when an unpaused partition behind its log end has not moved
+        for a whole check interval. kafka-python 3.0 can wedge this way after
+        a broker restart (fetches answered FENCED_LEADER_EPOCH, over and over);
+        a fresh consumer, from the committed offsets, recovers."""
+        now = time.monotonic()
+        if now < self._next_stall_check:
+            return False
+        self._next_stall_check = now + STALL_CHECK_S
+        active = consumer.assignment() - consumer.paused()
+        if not active or consumer.group_metadata().state != MemberState.STABLE:
+            self._behind = {}
+            return False
+        ends = consumer.end_offsets(list(active), timeout_ms=self._settings.request_timeout_ms)
+        behind = {tp: position for tp in active
+                  if (position := self._position(consumer, tp)) < ends.get(tp, 0)}  # fmt: skip
+        stalled = bool(behind) and behind == self._behind
+        self._behind = {} if stalled else behind
+        return stalled
+
+    @staticmethod
+    def _position(consumer: KafkaConsumer, tp: TopicPartition) -> int:
+        try:
+            return int(consumer.position(tp, timeout_ms=1_000))
+        except KafkaError:
+            return -1
+
     def _record(self, record: Any) -> Record:
         headers = tuple((name, bytes(value or b"")) for name, value in (record.headers or ()))
         if record.key is not None:
@@ -262,6 +320,11 @@ class GroupMember:
         return Record(record.partition, record.offset, delivery)
 
     def _shut(self, consumer: KafkaConsumer) -> None:
+        self._close(consumer)
+        for request in self._catch_ups:
+            self._call_soon(_resolve, request.done)
+
+    def _close(self, consumer: KafkaConsumer) -> None:
         try:
             due = self.inbox.due_commits()
             if due:
@@ -272,8 +335,8 @@ class GroupMember:
             consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:
             log.warning("kafka.close_failed", group=self.group, error=repr(exc))
-        for request in self._catch_ups:
-            self._call_soon(_resolve, request.done)
+        # Whatever close could not revoke cleanly is the next consumer's to read again.
+        self.inbox.drop(self.inbox.partitions())
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python is untyped

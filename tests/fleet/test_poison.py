@@ -1,0 +1,283 @@
+"""Poison over real processes: a request that fails or kills every worker it
+reaches is tried ``--max-deliveries`` times, then dead-lettered and answered
+with an error; bytes that are not a request are answered or dead-lettered;
+and the fleet keeps serving everything else throughout."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from broker import channels
+from broker.envelope import Request, Response, WireTensor, decode_request, decode_response, encode_request
+from broker.transports.redis import PAYLOAD_FIELD
+from tests.fleet.processes import Fleet, FerryProcess, Gateway, wait_for
+from tests.models import poison_error, recorded_values, write_recording_model
+from tests.redis_server import flushdb
+
+MODEL = "poisoned"
+POISON = 13
+GOOD_VALUES = tuple(range(100, 108))
+MAX_DELIVERIES = 3
+REQUEST_STREAM = channels.request_channel(MODEL)
+DEAD_LETTERS = channels.dead_letter_channel()
+RETRYING = ("--max-deliveries", str(MAX_DELIVERIES), "--claim-interval-s", "0.2")
+CLIENT_TIMEOUT_S = 30.0
+SETTLE_S = 10.0
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    return tmp_path / "computed.txt"
+
+
+def repository(tmp_path: Path, record: Path, on_poison: str = "raise") -> Path:
+    repo = tmp_path / "repo"
+    write_recording_model(repo, MODEL, record, poison=POISON, on_poison=on_poison)
+    return repo
+
+
+def infer(gateway: Gateway, value: int) -> np.ndarray:
+    client = httpclient.InferenceServerClient(gateway.url, connection_timeout=CLIENT_TIMEOUT_S,
+                                              network_timeout=CLIENT_TIMEOUT_S)
+    try:
+        tensor = httpclient.InferInput("INPUT0", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
+        return client.infer(MODEL, [tensor], request_id=f"req-{value}").as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def infer_error(gateway: Gateway, value: int) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as raised:
+        infer(gateway, value)
+    return raised.value
+
+
+def dead_letters(fleet: Fleet) -> list[dict[str, Any]]:
+    return [msgpack.unpackb(fields[PAYLOAD_FIELD], raw=False)
+            for _, fields in fleet.redis.xrange(DEAD_LETTERS)]
+
+
+def assert_all_acked(fleet: Fleet) -> None:
+    # The ack follows the reply (or the dead letter) by a moment.
+    wait_for(lambda: fleet.pending(MODEL) == 0, SETTLE_S, f"every {MODEL} delivery to be acked")
+
+
+# --- a model that raises ------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+def test_a_request_the_model_fails_on_is_dead_lettered_after_max_deliveries(
+    redis_url: str, tmp_path: Path, record: Path, workers: int,
+):
+    flushdb(redis_url)
+    with Fleet(redis_url, repository(tmp_path, record), tmp_path) as fleet:
+        gateway = fleet.gateway()
+        for index in range(workers):
+            fleet.worker(f"w{index}", *RETRYING)
+        fleet.wait_model_ready(gateway, MODEL)
+
+        with ThreadPoolExecutor(1 + len(GOOD_VALUES)) as pool:
+            poisoned = pool.submit(infer_error, gateway, POISON)
+            good = {value: pool.submit(infer, gateway, value) for value in GOOD_VALUES}
+            error = poisoned.result(timeout=CLIENT_TIMEOUT_S)
+            answers = {value: future.result(timeout=CLIENT_TIMEOUT_S) for value, future in good.items()}
+
+        assert error.status() == "500", f"{error}\n{fleet.describe()}"
+        assert poison_error(POISON) in error.message() and "dead-letter" in error.message(), error.message()
+        for value, output in answers.items():
+            assert output.tolist() == [2 * value], (value, output)
+        computed = recorded_values(record)
+        assert computed.count(POISON) == MAX_DELIVERIES, f"{computed}\n{fleet.describe()}"
+        assert sorted(v for v in computed if v != POISON) == list(GOOD_VALUES), computed
+
+        [letter] = dead_letters(fleet)
+        assert letter["kind"] == "dead_letter" and letter["attempts"] == MAX_DELIVERIES, letter
+        assert letter["channel"] == REQUEST_STREAM
+        assert poison_error(POISON) in letter["reason"], letter["reason"]
+        request = decode_request(letter["payload"])
+        assert request.model == MODEL and request.id
+        [tensor] = request.inputs
+        assert (tensor.name, tensor.datatype, tensor.shape) == ("INPUT0", "INT32", (1,))
+        assert np.frombuffer(tensor.data, dtype="<i4").tolist() == [POISON]
+        assert_all_acked(fleet)
+
+
+def test_without_retries_a_failing_request_is_answered_after_one_computation(
+    redis_url: str, tmp_path: Path, record: Path,
+):
+    flushdb(redis_url)
+    with Fleet(redis_url, repository(tmp_path, record), tmp_path) as fleet:
+        gateway = fleet.gateway()
+        fleet.worker("w0", *RETRYING, "--no-retry-failures")
+        fleet.wait_model_ready(gateway, MODEL)
+
+        error = infer_error(gateway, POISON)
+        good = infer(gateway, GOOD_VALUES[0])
+
+        assert error.status() == "500" and poison_error(POISON) in error.message(), error
+        assert "dead-letter" not in error.message(), error.message()
+        assert good.tolist() == [2 * GOOD_VALUES[0]]
+        assert recorded_values(record) == [POISON, GOOD_VALUES[0]]
+        assert_all_acked(fleet)
+        assert fleet.dead_letters() == 0
+
+
+# --- a model that kills its worker --------------------------------------------
+
+CRASH_DELIVERIES = 2
+CRASH_OPTIONS = ("--max-deliveries", str(CRASH_DELIVERIES), "--claim-idle-s", "0.5",
+                 "--claim-interval-s", "0.2", "--heartbeat-s", "0.5")
+CRASH_BUDGET_S = 30.0
+
+
+def test_a_request_that_kills_every_worker_is_dead_lettered_and_answered(
+    redis_url: str, tmp_path: Path, record: Path,
+):
+    """Each worker that takes the poison dies (exit code 1); the test starts a
+    fresh one each time, as a supervisor would. Deliveries 1..N kill a worker
+    each; delivery N+1 is past the limit and is dead-lettered unseen by the
+    model, and the waiting client gets an error instead of hanging."""
+    flushdb(redis_url)
+    with Fleet(redis_url, repository(tmp_path, record, on_poison="exit"), tmp_path) as fleet:
+        gateway = fleet.gateway()
+        workers = [fleet.worker("w0", *CRASH_OPTIONS)]
+        fleet.wait_model_ready(gateway, MODEL)
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            poisoned = pool.submit(infer_error, gateway, POISON)
+            restart_until_done(fleet, workers, poisoned, started)
+            error = poisoned.result(timeout=0)
+        elapsed = time.monotonic() - started
+
+        dead = workers[:-1]
+        assert [worker.process.returncode for worker in dead] == [1] * CRASH_DELIVERIES, fleet.describe()
+        assert workers[-1].running(), workers[-1].describe()
+        assert recorded_values(record) == [POISON] * CRASH_DELIVERIES, fleet.describe()
+        assert error.status() == "503", f"{error}\n{fleet.describe()}"
+        assert "dead-letter" in error.message() and "without completing" in error.message(), error.message()
+        [letter] = dead_letters(fleet)
+        assert letter["attempts"] == CRASH_DELIVERIES + 1, letter
+        assert np.frombuffer(decode_request(letter["payload"]).inputs[0].data, "<i4").tolist() == [POISON]
+        assert_all_acked(fleet)
+        # The survivor still serves.
+        assert infer(gateway, GOOD_VALUES[0]).tolist() == [2 * GOOD_VALUES[0]]
+        assert elapsed < CRASH_BUDGET_S, f"took {elapsed:.1f} s"
+
+
+def restart_until_done(fleet: Fleet, workers: list[FerryProcess], answer: Future[Any], started: float) -> None:
+    """Whenever the newest worker has died, start another; at most N + 1 in all."""
+    while not answer.done():
+        assert time.monotonic() - started < CRASH_BUDGET_S, f"no answer yet\n{fleet.describe()}"
+        if not workers[-1].running():
+            assert len(workers) <= CRASH_DELIVERIES, f"{len(workers)} workers died\n{fleet.describe()}"
+            # Not waiting for its heartbeat: it may take the poison and die first.
+            workers.append(fleet.worker(f"w{len(workers)}", *CRASH_OPTIONS, wait=False))
+        time.sleep(0.05)
+
+
+# --- bytes that are not a good request ----------------------------------------
+
+
+def envelope(request_id: str, reply_to: str, model: str = MODEL, shape: tuple[int, ...] = (1,)) -> Request:
+    data = np.full(shape, 5, dtype="<i4").tobytes()
+    return Request(id=request_id, model=model, reply_to=reply_to,
+                   inputs=(WireTensor("INPUT0", "INT32", shape, data),))
+
+
+def garbled(request: Request, **fields: Any) -> bytes:
+    """The request's envelope with some fields replaced (None: removed)."""
+    body = msgpack.unpackb(encode_request(request), raw=False)
+    for name, value in fields.items():
+        if value is None:
+            del body[name]
+        else:
+            body[name] = value
+    return msgpack.packb(body, use_bin_type=True)
+
+
+# name -> (payload, expected error code or None when it cannot be answered)
+REPLY_PREFIX = "test.replies."
+BAD_MESSAGES: dict[str, tuple[bytes, str | None]] = {
+    "not-msgpack": (b"\xc1\xc1 this is not msgpack", None),
+    "map-without-reply-to": (msgpack.packb({"hello": "world", "id": "b-1", "model": MODEL}), None),
+    "garbled-inputs": (garbled(envelope("c-1", REPLY_PREFIX + "c1"), inputs="garbled"), "invalid_argument"),
+    "missing-model": (garbled(envelope("c-2", REPLY_PREFIX + "c2"), model=None), "invalid_argument"),
+    "unknown-model": (encode_request(envelope("d-1", REPLY_PREFIX + "d", model="not_" + MODEL)), "not_found"),
+    "rejected-shape": (encode_request(envelope("e-1", REPLY_PREFIX + "e", shape=(3,))), "invalid_argument"),
+}
+
+
+def test_bad_messages_are_answered_or_dead_lettered_and_the_worker_serves_on(
+    redis_url: str, tmp_path: Path, record: Path,
+):
+    flushdb(redis_url)
+    with Fleet(redis_url, repository(tmp_path, record), tmp_path) as fleet:
+        gateway = fleet.gateway()
+        worker = fleet.worker("w0", *RETRYING)
+        fleet.wait_model_ready(gateway, MODEL)
+
+        ids = {name: fleet.redis.xadd(REQUEST_STREAM, {PAYLOAD_FIELD: payload}).decode()
+               for name, (payload, _) in BAD_MESSAGES.items()}
+
+        for name, (payload, code) in BAD_MESSAGES.items():
+            if code is None:
+                continue
+            reply = read_reply(fleet, payload)
+            assert reply.error is not None and reply.error.code == code, (name, reply)
+            assert reply.id == msgpack.unpackb(payload, raw=False)["id"], (name, reply)
+            assert reply.outputs == (), (name, reply)
+        wait_for(lambda: fleet.dead_letters() >= 2, SETTLE_S, "two dead letters", worker)
+        letters = {letter["message_id"]: letter for letter in dead_letters(fleet)}
+        unanswerable = {ids[name]: payload for name, (payload, code) in BAD_MESSAGES.items() if code is None}
+        assert set(letters) == set(unanswerable), letters
+        for message_id, letter in letters.items():
+            assert letter["kind"] == "dead_letter" and letter["channel"] == REQUEST_STREAM, letter
+            assert letter["payload"] == unanswerable[message_id] and letter["reason"], letter
+
+        assert infer(gateway, GOOD_VALUES[0]).tolist() == [2 * GOOD_VALUES[0]]
+        assert worker.running(), worker.describe()
+        assert_all_acked(fleet)
+        assert recorded_values(record) == [GOOD_VALUES[0]], "a bad message reached the model"
+        assert worker.errors() == [], worker.describe()
+
+
+def read_reply(fleet: Fleet, payload: bytes) -> Response:
+    reply_to = msgpack.unpackb(payload, raw=False)["reply_to"]
+    wait_for(lambda: fleet.redis.xlen(reply_to) > 0, SETTLE_S, f"a reply on {reply_to}")
+    [(_, fields)] = fleet.redis.xrange(reply_to)
+    return decode_response(fields[PAYLOAD_FIELD])
+
+
+def test_a_well_formed_request_with_no_reply_channel_is_dead_lettered_not_answered_into_the_void(
+    redis_url: str, tmp_path: Path, record: Path,
+):
+    """``decode_request`` accepts an empty ``reply_to``; nobody can receive an
+    answer to such a request, so it belongs on the dead-letter channel, and
+    nothing may be written to a stream named ""."""
+    flushdb(redis_url)
+    with Fleet(redis_url, repository(tmp_path, record), tmp_path) as fleet:
+        gateway = fleet.gateway()
+        worker = fleet.worker("w0", *RETRYING)
+        fleet.wait_model_ready(gateway, MODEL)
+
+        payload = encode_request(envelope("f-1", reply_to=""))
+        message_id = fleet.redis.xadd(REQUEST_STREAM, {PAYLOAD_FIELD: payload}).decode()
+        assert infer(gateway, GOOD_VALUES[0]).tolist() == [2 * GOOD_VALUES[0]]
+        assert_all_acked(fleet)
+
+        assert not fleet.redis.exists(""), (
+            f"a reply was published to the stream named '': {fleet.redis.xrange('')}\n{worker.describe()}")
+        letters = {letter["message_id"]: letter for letter in dead_letters(fleet)}
+        assert message_id in letters and letters[message_id]["payload"] == payload, letters
+        assert worker.running(), worker.describe()
