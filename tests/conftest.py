@@ -7,11 +7,15 @@ from tests.redis_server import RedisServer
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A real redis-server for the whole session; tests empty its DB themselves."""
+    """A real redis-server for the whole session; tests empty its DB themselves.
+
+    A missing redis-server fails the tests that need it rather than skipping
+    them, so a machine set up wrong cannot pass quietly: ``make test``
+    installs it (``make system-packages``)."""
     try:
         server = RedisServer()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        pytest.fail(f"{exc}: run `make system-packages` (the Debian package redis-server)")
     with server:
         yield server.url
 
