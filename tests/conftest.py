@@ -24,7 +24,7 @@ def redis_url() -> Iterator[str]:
 def kafka_bootstrap() -> Iterator[str]:
     """A real single-node Kafka broker for the whole session, started only when a test asks for it.
 
-    Skips when there is no java; a failed jar fetch or broker start fails loudly.
+    Fails, like a failed jar fetch or broker start, when there is no java 17.
     The jars are fetched lazily into ~/.cache/ferry on first use.
     """
     from tests.kafka_server import JavaNotFoundError, KafkaServer
@@ -32,6 +32,6 @@ def kafka_bootstrap() -> Iterator[str]:
     try:
         server = KafkaServer()
     except JavaNotFoundError as exc:
-        pytest.skip(str(exc))
+        pytest.fail(f"{exc}: the Kafka tests need java 17 on the PATH")
     with server:
         yield server.bootstrap

@@ -20,7 +20,7 @@ from tests.kafka_server import JavaNotFoundError, KafkaServer, broker_properties
 def kcat(*arguments: str, stdin: str = "") -> str:
     found = shutil.which("kcat")
     if found is None:
-        pytest.skip("kcat is not installed")
+        pytest.fail("kcat is not installed: run `make system-packages`")
     done = subprocess.run([found, *arguments], check=False, input=stdin, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -71,7 +71,7 @@ def test_an_empty_cache_without_mvn_is_a_loud_error(tmp_path: Path) -> None:
         fetch_jars(cache=tmp_path, mvn="no-such-mvn")
 
 
-def test_missing_java_is_the_error_the_fixture_skips_on() -> None:
+def test_missing_java_is_the_error_the_fixture_reports() -> None:
     with pytest.raises(JavaNotFoundError):
         KafkaServer(java="no-such-java")
 
@@ -97,7 +97,7 @@ def test_broker_listens_on_loopback_only(tmp_path: Path) -> None:
 
 def test_a_restarted_broker_keeps_its_port_and_its_topics(tmp_path):
     if shutil.which("kcat") is None:
-        pytest.skip("kcat is not installed")
+        pytest.fail("kcat is not installed: run `make system-packages`")
     with KafkaServer() as server:
         port = server.port
         produce = ["kcat", "-b", server.bootstrap, "-P", "-t", "kept"]
