@@ -10,6 +10,9 @@ Foreign exceptions (redis, kafka) are translated into these at the edge.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 
 class BrokerError(Exception):
     pass
@@ -25,3 +28,16 @@ class TransportClosed(BrokerError):
 
 class TransportError(BrokerError):
     pass
+
+
+@contextmanager
+def translated(foreign: type[BaseException] | tuple[type[BaseException], ...], service: str,
+               closed: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """Re-raise ``foreign`` errors of a client library as TransportClosed (when
+    ``closed()``) or TransportError naming ``service``."""
+    try:
+        yield
+    except foreign as exc:
+        if closed():
+            raise TransportClosed(f"{service} transport is closed") from exc
+        raise TransportError(f"{service}: {str(exc) or repr(exc)}") from exc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit

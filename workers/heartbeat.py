@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgpack
 import redis.asyncio as aioredis
@@ -24,7 +24,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from broker import channels
-from broker.errors import TransportError
+from broker.errors import TransportError, translated
 
 log = structlog.get_logger("ferry.heartbeat")
 
@@ -101,16 +101,16 @@ class RedisHeartbeats:
 
     async def beat(self, worker_id: str, models: ServedModels, ttl_s: float) -> None:
         raw = encode_heartbeat(worker_id, models, time.time_ns())
-        with _edge():
+        with translated(RedisError, "redis"):
             await self._redis.set(channels.heartbeat_key(worker_id, self._prefix), raw,
                                   px=max(1, round(ttl_s * 1000)))
 
     async def remove(self, worker_id: str) -> None:
-        with _edge():
+        with translated(RedisError, "redis"):
             await self._redis.delete(channels.heartbeat_key(worker_id, self._prefix))
 
     async def live(self) -> dict[str, ServedModels]:
-        with _edge():
+        with translated(RedisError, "redis"):
             keys = [key async for key in self._redis.scan_iter(
                 match=channels.heartbeat_pattern(self._prefix), count=SCAN_BATCH)]
             values = await self._redis.mget(keys) if keys else []
@@ -119,17 +119,6 @@ class RedisHeartbeats:
 
     async def aclose(self) -> None:
         await self._redis.aclose()
-
-
-class _edge:
-    """Translate redis errors into TransportError, as the transports do."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, RedisError):
-            raise TransportError(f"redis: {exc}") from exc
 
 
 class Heartbeat:

@@ -37,15 +37,15 @@ Where Kafka differs from Redis Streams, and what this transport does:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import structlog
 
-from broker.errors import TransportClosed, TransportError
+from broker.errors import TransportClosed, translated
 from broker.transport import Delivery, Headers
 from broker.transports.kafka_api import (
     FAST_CRC, KafkaAdminClient, KafkaConnectionError, KafkaError, KafkaProducer, OffsetSpec,
@@ -166,14 +166,8 @@ class KafkaTransport:
         if self._closed:
             raise TransportClosed("kafka transport is closed")
 
-    @contextmanager
-    def _edge(self) -> Iterator[None]:
-        try:
-            yield
-        except KafkaError as exc:
-            if self._closed:
-                raise TransportClosed("kafka transport is closed") from exc
-            raise TransportError(f"kafka: {exc!r}") from exc
+    def _edge(self) -> contextlib.AbstractContextManager[None]:
+        return translated(KafkaError, "kafka", lambda: self._closed)
 
     async def _blocking(self, call: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)

@@ -18,14 +18,14 @@ dropped. (A group created *after* a trim starts from what is left.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from broker.errors import TransportClosed, TransportError
+from broker.errors import TransportClosed, translated
 from broker.transport import Delivery, Headers
 
 PAYLOAD_FIELD = b"d"
@@ -188,14 +188,8 @@ class RedisTransport:
         if self._closed:
             raise TransportClosed("redis transport is closed")
 
-    @contextmanager
-    def _edge(self) -> Iterator[None]:
-        try:
-            yield
-        except RedisError as exc:
-            if self._closed:
-                raise TransportClosed("redis transport is closed") from exc
-            raise TransportError(f"redis: {exc}") from exc
+    def _edge(self) -> contextlib.AbstractContextManager[None]:
+        return translated(RedisError, "redis", lambda: self._closed)
 
     async def _ensure_group(self, channel: str, group: str) -> None:
         if (channel, group) in self._groups:
