@@ -36,7 +36,7 @@ from benchmarks.loadgen import (  # noqa: E402
 )
 from benchmarks.ort_inprocess import MODE as ORT_MODE, measure_ort  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
-from benchmarks.stats import Summary, summarize  # noqa: E402
+from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
 
 MODEL_DIR = REPO_ROOT / "model_repo" / "cnn"
 MODEL_NAME = "cnn"
@@ -68,22 +68,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, help="unmeasured seconds before each point (default 2, --quick 0.5)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
     parser.add_argument("--skip-ort", action="store_true", help="skip the in-process ONNX Runtime baseline")
-    parser.add_argument("--concurrency", type=_int_list, default=DEFAULT_CONCURRENCY,
+    parser.add_argument("--concurrency", type=int_list, default=DEFAULT_CONCURRENCY,
                         help="client concurrencies, comma-separated (default 1,16,64)")
-    parser.add_argument("--batch-sizes", type=_int_list, default=DEFAULT_BATCH_SIZES,
+    parser.add_argument("--batch-sizes", type=int_list, default=DEFAULT_BATCH_SIZES,
                         help="in-process batch sizes, comma-separated (default 1,8,32,64)")
     parser.add_argument("--quick", action="store_true", help="short durations, for a smoke run")
     parser.add_argument("--profile", action="store_true",
                         help="afterwards, sample the server with py-spy during one more batching run "
                              "at the highest concurrency (needs py-spy; not part of the table)")
     return parser
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    values = tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:

@@ -37,7 +37,7 @@ from benchmarks.fleet_procs import Fleet, Redis  # noqa: E402
 from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load  # noqa: E402
 from benchmarks.server import HOST, copy_model, ferry_server  # noqa: E402
 from benchmarks.sleep_model import BatchCount, SleepModel  # noqa: E402
-from benchmarks.stats import Summary, summarize  # noqa: E402
+from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
 
 CNN_DIR = REPO_ROOT / "model_repo" / "cnn"
 CNN_NAME, CNN_SHAPE, CNN_OUTPUT_BYTES = "cnn", (3, 128, 128), 10 * 4
@@ -114,9 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, help="measured seconds per point (default 5, --quick 1.5)")
     parser.add_argument("--warmup", type=float, help="unmeasured seconds before each point (default 2, --quick 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
-    parser.add_argument("--concurrency", type=_int_list, default=(16, 64),
+    parser.add_argument("--concurrency", type=int_list, default=(16, 64),
                         help="client concurrencies for part 1, comma-separated (default 16,64)")
-    parser.add_argument("--workers", type=_int_list, default=(1, 2, 4),
+    parser.add_argument("--workers", type=int_list, default=(1, 2, 4),
                         help="worker counts for part 2, comma-separated (default 1,2,4)")
     parser.add_argument("--sleep-ms", type=float, default=100.0, help="the sleep model's time per batch")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the sleep model's max_batch_size")
@@ -127,13 +127,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-scaling", action="store_true", help="leave out part 2")
     parser.add_argument("--quick", action="store_true", help="short durations, for a smoke run")
     return parser
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    values = tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:

@@ -58,3 +58,13 @@ def summarize(mode: str, point: str, latencies_s: Sequence[float], images: int,
         compute_cores=compute_cores,
         client_cores=client_cores,
     )
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """A command-line list of positive integers: ``1,16,64`` or ``1 16 64``."""
+    import argparse
+
+    values = tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
