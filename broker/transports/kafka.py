@@ -14,10 +14,13 @@ Where Kafka differs from Redis Streams, and what this transport does:
   owns its partition, in partition order. There is no order across
   partitions; a single-partition topic has one total order.
 - A message is done when its partition's committed offset passes it, and
-  the member commits only the acked prefix of each partition. Nothing is
-  claimed: a dead member's partitions go to the others when its session
-  times out, and they read on from the committed offset, so its unacked
-  messages come round again. ``claim_stale`` returns nothing for that reason.
+  the member commits only the acked prefix of each partition. A dead
+  member's partitions go to the others when its session times out, and they
+  read on from the committed offset, so its unacked messages come round
+  again. ``claim_stale`` therefore only hands out again what this process's
+  own members handed out and have held unacked for ``min_idle_s`` (a
+  handler that failed to publish its reply while the broker was away, say):
+  nothing else would ever bring those back while the member lives.
 - ``release`` cannot rewind one message of a partition, so it publishes the
   message again (same key and headers, ``ferry-attempts`` one higher) and
   acks the original: any member may retry it, and the count travels with it.
@@ -117,10 +120,16 @@ class KafkaTransport:
     async def claim_stale(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
     ) -> list[Delivery]:
-        """Always empty: the group rebalance reassigns a dead member's
-        partitions, and the new owner re-reads what was left uncommitted."""
+        """Deliveries this process's members of ``group`` have held unacked
+        for ``min_idle_s``, one attempt higher. Each stays with the member
+        that holds its partition (``Delivery.consumer``), which its ack
+        reaches. Another process's are the rebalance's to recover."""
         self._check_open()
-        return []
+        claimed: list[Delivery] = []
+        for member in self._members.values():
+            if member.group == group and len(claimed) < max_count:
+                claimed += member.inbox.stale(channel, min_idle_s, max_count - len(claimed))
+        return claimed
 
     async def release(self, delivery: Delivery) -> None:
         """Publish the delivery again with its attempt count raised, then ack it."""

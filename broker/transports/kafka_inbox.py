@@ -9,7 +9,10 @@ partition's commit point. Acks may arrive in any order; the commit point
 never passes an unacked record.
 
 Records are buffered per topic, so ``take`` can serve the first of several
-topics that has any. Two threads use it (the member's poll thread adds and
+topics that has any. A record handed out and left unacked for a while (its
+handler failed, say, to publish a reply while the broker was away) can be
+handed out again by ``stale``, one attempt higher, as Redis' XAUTOCLAIM
+would; the partition's commit point waits for it all the while. Two threads use it (the member's poll thread adds and
 drops records, the event loop takes and acks them), so every method holds
 one lock; none of them does I/O.
 """
@@ -17,9 +20,11 @@ one lock; none of them does I/O.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from broker.transport import Delivery
@@ -49,6 +54,7 @@ class _Ledger:
     states: OrderedDict[int, State] = field(default_factory=OrderedDict)
     commit_point: int | None = None  # the offset after the acked prefix
     sent: int | None = None  # the last commit point handed to Kafka
+    out: dict[int, tuple[float, Delivery]] = field(default_factory=dict)  # handed out, unacked: since when
 
     def pop_acked(self) -> None:
         while self.states:
@@ -69,7 +75,8 @@ class LocalProgress:
 
 
 class Inbox:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._ledgers: dict[Partition, _Ledger] = {}
         self._buffers: dict[str, deque[Record]] = {}
@@ -114,7 +121,27 @@ class Inbox:
             if ledger is None or ledger.states.get(offset) is not State.HANDED_OUT:
                 return
             ledger.states[offset] = State.ACKED
+            del ledger.out[offset]
             ledger.pop_acked()
+
+    def stale(self, channel: str, min_idle_s: float, max_count: int) -> list[Delivery]:
+        """Up to ``max_count`` records of ``channel`` handed out at least
+        ``min_idle_s`` ago and not acked, handed out again (idle time reset)
+        with ``attempts`` one higher."""
+        taken: list[Delivery] = []
+        with self._lock:
+            now = self._clock()
+            for (topic, _), ledger in self._ledgers.items():
+                if topic != channel:
+                    continue
+                for offset, (since, delivery) in ledger.out.items():
+                    if len(taken) >= max_count:
+                        return taken
+                    if now - since >= min_idle_s:
+                        again = replace(delivery, attempts=delivery.attempts + 1)
+                        ledger.out[offset] = (now, again)
+                        taken.append(again)
+        return taken
 
     def due_commits(self, partitions: Iterable[Partition] | None = None) -> dict[Partition, int]:
         """Commit points that moved since they were last sent; marks them sent."""
@@ -176,9 +203,12 @@ class Inbox:
 
     def _take_from(self, buffer: deque[Record], max_count: int) -> list[Delivery]:
         taken: list[Delivery] = []
+        now = self._clock()
         while buffer and len(taken) < max_count:
             record = buffer.popleft()
-            self._ledgers[record.key].states[record.offset] = State.HANDED_OUT
+            ledger = self._ledgers[record.key]
+            ledger.states[record.offset] = State.HANDED_OUT
+            ledger.out[record.offset] = (now, record.delivery)
             self._count -= 1
             self._bytes -= len(record.delivery.payload)
             taken.append(record.delivery)

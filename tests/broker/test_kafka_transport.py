@@ -89,6 +89,24 @@ def test_inbox_ignores_acks_for_records_not_handed_out_and_drops_revoked_partiti
     assert inbox.buffered == (0, 0) and inbox.take(["c"], 10) == []
 
 
+def test_inbox_hands_out_again_what_idled_unacked_one_attempt_higher():
+    now = [100.0]
+    inbox = Inbox(clock=lambda: now[0])
+    inbox.add(_record(0, offset) for offset in range(3))
+    inbox.take(["c"], 2)
+    now[0] += 5
+    inbox.ack("c", 0, 1)
+    assert inbox.stale("c", 10, 10) == [] and inbox.stale("other", 0, 10) == []
+    now[0] += 5
+    (again,) = inbox.stale("c", 10, 10)  # 0-1 was acked, 0-2 never handed out
+    assert (again.message_id, again.attempts) == ("0-0", 2)
+    assert inbox.stale("c", 10, 10) == []
+    now[0] += 10
+    assert [d.attempts for d in inbox.stale("c", 10, 10)] == [3]
+    inbox.ack("c", 0, 0)
+    assert inbox.stale("c", 0, 10) == [] and inbox.due_commits() == {("c", 0): 2}
+
+
 def test_inbox_serves_the_first_channel_that_has_records():
     inbox = Inbox()
     inbox.add([_record(0, 0, "lo"), _record(0, 1, "lo"), _record(0, 0, "hi")])
@@ -163,12 +181,30 @@ async def test_a_released_delivery_comes_back_with_its_count_key_and_headers(kaf
         await transport.publish("c", b"retry me", key="request-1", headers=(("content-type", b"x/y"),))
         (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
         assert (delivery.attempts, delivery.header("kafka-key")) == (1, b"request-1")
-        assert await transport.claim_stale("c", "g", "b", 0, 10) == []
+        assert await transport.claim_stale("c", "g", "b", 60, 10) == []
         await transport.release(delivery)
         (again,) = await transport.fetch("c", "g", "a", 1, 5)
     assert (again.payload, again.attempts, again.header("content-type")) == (b"retry me", 2, b"x/y")
     assert again.header("kafka-key") == b"request-1" and again.message_id != delivery.message_id
     assert [name for name, _ in again.headers].count("kafka-key") == 1
+
+
+async def test_a_delivery_left_unacked_is_claimed_again_and_its_ack_commits(kafka_bootstrap: str):
+    """What a live member handed out and never acked (its reply could not be
+    published, say) comes back from claim_stale, not only after a rebalance."""
+    config = settings(kafka_bootstrap, partitions=1)
+    async with KafkaTransport(config) as transport:
+        await publish_all(transport, 2)
+        first, second = await transport.fetch("c", "g", "a", 2, 0)
+        await transport.ack(second)
+        await asyncio.sleep(0.3)
+        (claimed,) = await transport.claim_stale("c", "g", "b", 0.2, 10)
+        assert (claimed.message_id, claimed.attempts, claimed.consumer) == (first.message_id, 2, "a")
+        assert await transport.claim_stale("c", "g", "b", 0.2, 10) == []  # the claim reset its idle time
+        await transport.ack(claimed)
+        assert await transport.claim_stale("c", "g", "b", 0, 10) == []
+    async with KafkaTransport(config) as reopened:
+        assert await reopened.backlog("c", "g") == (0, 0)
 
 
 async def test_backlog_counts_from_the_committed_offsets(kafka_bootstrap: str):
