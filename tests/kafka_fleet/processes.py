@@ -1,0 +1,222 @@
+"""Real ``ferry gateway`` and ``ferry worker`` processes over Kafka, and kcat
+as the outside producer and consumer.
+
+    with KafkaFleet(bootstrap, repository, tmp_path) as fleet:
+        worker = fleet.worker("w1")
+        fleet.wait_worker(worker)            # its heartbeat is on the topic
+        fleet.kcat.produce(fleet.topic("ferry.add_sub.requests"), body, key="r1",
+                           headers={"content-type": "application/json", "reply-to": "my.replies"})
+        [reply] = fleet.kcat.consume(fleet.topic("my.replies"), count=1)
+
+Each fleet gets a namespace of its own (``kafka://…?namespace=``), so tests
+sharing one broker never meet; ``topic`` gives a channel's name on the
+cluster. The process classes and ``wait_for`` are the Redis fleet's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import msgpack
+
+from broker import channels
+from tests.fleet.processes import START_TIMEOUT_S, FerryProcess, Gateway, wait_for
+from tests.servers import free_port
+
+__all__ = ["FerryProcess", "Gateway", "Kcat", "KafkaFleet", "Record", "wait_for"]
+
+KCAT = "/usr/bin/kcat"
+KCAT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Record:
+    partition: int
+    offset: int
+    key: str | None
+    headers: dict[str, str]
+    payload: str
+
+    def json(self) -> object:
+        return json.loads(self.payload)
+
+
+class Kcat:
+    """kcat against one broker. Produces one message a call (a file is one
+    message, so any bytes go through); consumes from the beginning."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+
+    def produce(self, topic: str, payload: bytes, key: str | None = None,
+                headers: dict[str, str] | None = None) -> None:
+        """Returns once the broker has acked the message (kcat exits 0 only then)."""
+        arguments = [KCAT, "-b", self.bootstrap, "-P", "-t", topic, "-X", "acks=all"]
+        if key is not None:
+            arguments += ["-k", key]
+        for name, value in (headers or {}).items():
+            arguments += ["-H", f"{name}={value}"]
+        with tempfile.NamedTemporaryFile(prefix="ferry-kcat-") as body:
+            body.write(payload)
+            body.flush()
+            done = subprocess.run([*arguments, body.name], capture_output=True, timeout=KCAT_TIMEOUT_S, check=False)
+        assert done.returncode == 0, f"kcat could not produce to {topic}: {done.stderr.decode(errors='replace')}"
+
+    def read(self, topic: str) -> list[Record]:
+        """Everything on ``topic`` now; [] when it does not exist yet."""
+        records = []
+        # For topics of text values: kcat puts binary ones raw into its JSON,
+        # which then may not parse (use ``read_keys``/``read_values`` there).
+        for line in self._consume(topic, "-J").decode().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            pairs = row.get("headers") or []
+            headers = dict(zip(pairs[0::2], pairs[1::2], strict=True))
+            records.append(Record(row["partition"], row["offset"], row.get("key"), headers, row.get("payload") or ""))
+        return records
+
+    def produce_lines(self, topic: str, keyed: list[tuple[str, bytes]], headers: dict[str, str]) -> None:
+        """Many messages in one kcat run, all with ``headers``; values must hold no newline or tab."""
+        arguments = [KCAT, "-b", self.bootstrap, "-P", "-t", topic, "-X", "acks=all", "-K", "\t"]
+        for name, value in headers.items():
+            arguments += ["-H", f"{name}={value}"]
+        lines = b"".join(key.encode() + b"\t" + value + b"\n" for key, value in keyed)
+        done = subprocess.run(arguments, input=lines, capture_output=True, timeout=KCAT_TIMEOUT_S, check=False)
+        assert done.returncode == 0, f"kcat could not produce to {topic}: {done.stderr.decode(errors='replace')}"
+
+    def topics(self) -> list[str]:
+        arguments = [KCAT, "-b", self.bootstrap, "-L", "-J"]
+        done = subprocess.run(arguments, capture_output=True, timeout=KCAT_TIMEOUT_S, check=True)
+        return sorted(found["topic"] for found in json.loads(done.stdout)["topics"])
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0 when it does not exist)."""
+        arguments = [KCAT, "-b", self.bootstrap, "-L", "-t", topic, "-J"]
+        done = subprocess.run(arguments, capture_output=True, timeout=KCAT_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            return 0
+        [found] = json.loads(done.stdout)["topics"]
+        return 0 if found.get("error") else len(found["partitions"])
+
+    def read_headed(self, topic: str) -> list[Record]:
+        """Every record on ``topic`` now without its value (so any bytes are fine);
+        header values must not hold a comma."""
+        records = []
+        for line in self._consume(topic, "-f", "%p\t%o\t%k\t%h\n").decode(errors="replace").splitlines():
+            partition, offset, key, headers = line.split("\t")
+            pairs = (pair.partition("=") for pair in headers.split(",") if pair)
+            records.append(Record(int(partition), int(offset), key, {name: value for name, _, value in pairs}, ""))
+        return records
+
+    def read_keys(self, topic: str) -> list[tuple[int, str]]:
+        """(partition, key) of every record on ``topic`` now, whatever their values."""
+        lines = self._consume(topic, "-f", "%p\t%k\n").decode(errors="replace").splitlines()
+        return [(int(partition), key) for partition, _, key in (line.partition("\t") for line in lines) if partition]
+
+    def read_values(self, topic: str) -> bytes:
+        """The values on ``topic`` now, back to back, as they are (no delimiter)."""
+        return self._consume(topic, "-f", "%s")
+
+    def read_msgpack(self, topic: str) -> list[object]:
+        """Every value on ``topic``, each a msgpack object (kcat writes them back to back)."""
+        raw = self._consume(topic, "-f", "%s")
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(raw)
+        return list(unpacker)
+
+    def consume(self, topic: str, count: int, timeout_s: float = KCAT_TIMEOUT_S) -> list[Record]:
+        """Poll until ``topic`` holds at least ``count`` records."""
+        found: list[Record] = []
+
+        def enough() -> bool:
+            nonlocal found
+            found = self.read(topic)
+            return len(found) >= count
+
+        wait_for(enough, timeout_s, f"{count} records on {topic}", interval_s=0.2)
+        return found
+
+    def _consume(self, topic: str, *form: str) -> bytes:
+        arguments = [KCAT, "-b", self.bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q", *form]
+        done = subprocess.run(arguments, capture_output=True, timeout=KCAT_TIMEOUT_S, check=False)
+        return done.stdout if done.returncode == 0 else b""  # not 0: no such topic (yet)
+
+
+class KafkaFleet:
+    """Gateways and workers on ``repository`` over the broker at ``bootstrap``; all stopped on exit."""
+
+    def __init__(self, bootstrap: str, repository: Path, log_dir: Path, query: str = "") -> None:
+        self.bootstrap = bootstrap
+        self.namespace = f"t{uuid.uuid4().hex[:8]}."
+        extra = f"&{query}" if query else ""
+        self.broker_url = f"kafka://{bootstrap}?namespace={self.namespace}{extra}"
+        self.repository = repository
+        self.log_dir = log_dir
+        self.kcat = Kcat(bootstrap)
+        self.processes: list[FerryProcess] = []
+
+    def __enter__(self) -> KafkaFleet:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        failures = []
+        for process in self.processes:
+            try:
+                process.stop()
+            except Exception as exc:  # keep stopping the others
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def topic(self, channel: str) -> str:
+        """A channel's topic on the cluster."""
+        return self.namespace + channel
+
+    def gateway(self, *extra: str) -> Gateway:
+        """Start a gateway and wait until it answers ``/v2/health/live``."""
+        port = free_port()
+        name = f"gateway-{len(self.processes)}"
+        gateway = Gateway(name, self._command("gateway", "--http-port", str(port), "--host", "127.0.0.1",
+                                              *extra), self.log_dir / f"{name}.log", port)
+        self.processes.append(gateway)
+        wait_for(lambda: gateway.status("/v2/health/live") == 200, START_TIMEOUT_S,
+                 f"gateway on port {port} to go live", gateway)
+        return gateway
+
+    def worker(self, worker_id: str, *extra: str) -> FerryProcess:
+        name = f"worker-{worker_id}-{len(self.processes)}"
+        worker = FerryProcess(name, self._command("worker", "--worker-id", worker_id, *extra),
+                              self.log_dir / f"{name}.log")
+        self.processes.append(worker)
+        return worker
+
+    def wait_heartbeat(self, worker_id: str, worker: FerryProcess, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until a heartbeat of ``worker_id`` is on the heartbeat topic (it beats once its models are loaded)."""
+        topic = self.topic(channels.heartbeat_channel())
+        wait_for(lambda: any(key == worker_id for _, key in self.kcat.read_keys(topic)), timeout_s,
+                 f"a heartbeat of {worker_id} on {topic}", worker, interval_s=0.2)
+
+    def wait_model_ready(self, gateway: Gateway, model: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        wait_for(lambda: gateway.status(f"/v2/models/{model}/ready") == 200, timeout_s,
+                 f"model {model} ready on {gateway.url}", gateway)
+
+    def describe(self) -> str:
+        return "\n".join(process.describe() for process in self.processes)
+
+    def _command(self, role: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "gateway.cli", role, "--broker", self.broker_url,
+                "--model-repository", str(self.repository), "--log-format", "json", *extra]
+
