@@ -12,9 +12,17 @@ Records are buffered per topic, so ``take`` can serve the first of several
 topics that has any. A record handed out and left unacked for a while (its
 handler failed, say, to publish a reply while the broker was away) can be
 handed out again by ``stale``, one attempt higher, as Redis' XAUTOCLAIM
-would; the partition's commit point waits for it all the while. Two threads use it (the member's poll thread adds and
-drops records, the event loop takes and acks them), so every method holds
-one lock; none of them does I/O.
+would; the partition's commit point waits for it all the while.
+
+The inbox also counts deliveries across members through marks in the commit
+metadata (``kafka_marks``): a partition is ``open``ed with the mark its
+member found committed; records may be held back until a mark the inbox
+``wanted`` has been committed and reported ``marked``, and every commit
+carries the metadata for its offset.
+
+Two threads use it (the member's poll thread opens, adds and drops
+partitions and writes marks, the event loop takes and acks records), so
+every method holds one lock; none of them does I/O.
 """
 
 from __future__ import annotations
@@ -22,14 +30,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from broker.transport import Delivery
+from broker.transports.kafka_marks import Mark, found_count
 
 Partition = tuple[str, int]
+Commit = tuple[int, str]  # (offset, metadata)
 
 
 class State(Enum):
@@ -53,8 +62,14 @@ class Record:
 class _Ledger:
     states: OrderedDict[int, State] = field(default_factory=OrderedDict)
     commit_point: int | None = None  # the offset after the acked prefix
-    sent: int | None = None  # the last commit point handed to Kafka
+    sent: Commit | None = None  # the last commit handed to Kafka
     out: dict[int, tuple[float, Delivery]] = field(default_factory=dict)  # handed out, unacked: since when
+    # Counting deliveries (kafka_marks):
+    start: int = -1  # the offset the member started reading at
+    start_count: int = 0  # the mark found there
+    single_until: int = -1  # below this offset, one record out at a time, each after its own mark
+    mark: Mark | None = None  # the last mark committed
+    want: Mark | None = None  # a mark to commit before the next hand-out
 
     def pop_acked(self) -> None:
         while self.states:
@@ -63,6 +78,37 @@ class _Ledger:
                 return
             del self.states[offset]
             self.commit_point = offset + 1
+
+    def may_hand_out(self, offset: int) -> bool:
+        """Whether the record at ``offset`` may go out now; in single file,
+        asks for its mark first (``want``)."""
+        if self.want is not None and self.mark is None:
+            return False  # the first mark is not committed yet
+        if offset >= self.single_until:
+            # The last of the single file goes out alone too.
+            return self.single_until < 0 or not any(out < self.single_until for out in self.out)
+        if self.out or offset != next(iter(self.states)):
+            return False
+        if self.mark is not None and self.mark.offset == offset:
+            return True
+        self.want = Mark(offset, self.start_count + 1 if offset == self.start else 1)
+        return False
+
+    def attempts(self, delivery: Delivery, offset: int) -> int:
+        counted = self.mark.count if self.mark is not None and self.mark.offset == offset else 0
+        return max(delivery.attempts, counted)
+
+    def metadata_for(self, point: int, leaving: bool = False) -> str:
+        """The mark to commit with ``point``: its count if it is handed out;
+        when leaving, the count found there if this member never handed it out."""
+        if self.mark is not None and self.mark.offset == point:
+            handed_out = point in self.out
+            return (self.mark if handed_out or not leaving else self.mark.undone()).encode()
+        return Mark(point, 1).encode() if point in self.out else ""
+
+    def leave_commit(self) -> Commit | None:
+        point = self.commit_point if self.commit_point is not None else (self.mark.offset if self.mark else None)
+        return None if point is None else (point, self.metadata_for(point, leaving=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +135,35 @@ class Inbox:
         with self._lock:
             return self._count, self._bytes
 
+    def is_open(self, key: Partition) -> bool:
+        with self._lock:
+            return key in self._ledgers
+
+    def open(self, key: Partition, start: int, found: Mark | None, window: int) -> None:
+        """Start on a partition at ``start`` with the mark ``found`` committed:
+        it wants ``start`` marked handed out once more before any hand-out. A
+        count there means the last readers died on ``start``, so the next
+        ``window`` records go out one at a time, each after its own mark."""
+        count = found_count(found, start)
+        ledger = _Ledger(start=start, start_count=count, want=Mark(start, count + 1))
+        if count:
+            ledger.single_until = start + window
+        with self._lock:
+            self._ledgers[key] = ledger
+
+    def wanted(self) -> dict[Partition, Mark]:
+        """Marks to commit (each as the partition's offset and metadata) before records can go out."""
+        with self._lock:
+            return {key: ledger.want for key, ledger in self._ledgers.items() if ledger.want is not None}
+
+    def marked(self, key: Partition, mark: Mark) -> None:
+        """``mark`` is committed: the record it names may go out."""
+        with self._lock:
+            ledger = self._ledgers.get(key)
+            if ledger is not None and ledger.want == mark:
+                ledger.mark, ledger.want = mark, None
+                ledger.sent = (mark.offset, mark.encode())
+
     def add(self, records: Iterable[Record]) -> int:
         added = 0
         with self._lock:
@@ -104,12 +179,12 @@ class Inbox:
         return added
 
     def take(self, channels: Sequence[str], max_count: int) -> list[Delivery]:
-        """Up to ``max_count`` buffered deliveries from the first of ``channels`` that has any."""
+        """Up to ``max_count`` buffered deliveries from the first of ``channels`` that has any to give."""
         with self._lock:
             for channel in channels:
                 buffer = self._buffers.get(channel)
-                if buffer:
-                    return self._take_from(buffer, max_count)
+                if buffer and (taken := self._take_from(buffer, max_count)):
+                    return taken
         return []
 
     def ack(self, channel: str, partition: int, offset: int) -> None:
@@ -143,35 +218,35 @@ class Inbox:
                         taken.append(again)
         return taken
 
-    def due_commits(self, partitions: Iterable[Partition] | None = None) -> dict[Partition, int]:
-        """Commit points that moved since they were last sent; marks them sent."""
+    def due_commits(self) -> dict[Partition, Commit]:
+        """Commits (point and metadata) that changed since they were last sent; marks them sent."""
         with self._lock:
-            keys = self._ledgers.keys() if partitions is None else [p for p in partitions if p in self._ledgers]
-            due: dict[Partition, int] = {}
-            for key in keys:
-                ledger = self._ledgers[key]
-                if ledger.commit_point is not None and ledger.commit_point != ledger.sent:
-                    due[key] = ledger.sent = ledger.commit_point
+            due: dict[Partition, Commit] = {}
+            for key, ledger in self._ledgers.items():
+                if ledger.commit_point is None:
+                    continue
+                commit = (ledger.commit_point, ledger.metadata_for(ledger.commit_point))
+                if commit != ledger.sent:
+                    due[key] = ledger.sent = commit
             return due
 
-    def commit_failed(self, points: dict[Partition, int]) -> None:
-        """Send these again next time (unless a later point has been sent since)."""
+    def commit_failed(self, commits: dict[Partition, Commit]) -> None:
+        """Send these again next time (unless a later one has been sent since)."""
         with self._lock:
-            for key, point in points.items():
+            for key, commit in commits.items():
                 ledger = self._ledgers.get(key)
-                if ledger is not None and ledger.sent == point:
+                if ledger is not None and ledger.sent == commit:
                     ledger.sent = None
 
-    def drop(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
-        """Forget partitions this member no longer owns, and return their
-        last commit points. Buffered records of theirs are discarded; the
-        partition's next owner reads them from the committed offset."""
+    def drop(self, partitions: Iterable[Partition]) -> dict[Partition, Commit]:
+        """Forget partitions this member no longer owns, and return what to
+        commit for each as it leaves. Buffered records of theirs are
+        discarded; the partition's next owner reads them from the committed
+        offset."""
         wanted = set(partitions)
         with self._lock:
-            points = {
-                key: ledger.commit_point for key, ledger in self._ledgers.items()
-                if key in wanted and ledger.commit_point is not None
-            }
+            points = {key: commit for key, ledger in self._ledgers.items()
+                      if key in wanted and (commit := ledger.leave_commit()) is not None}  # fmt: skip
             for key in wanted:
                 self._ledgers.pop(key, None)
             for channel, buffer in self._buffers.items():
@@ -203,13 +278,24 @@ class Inbox:
 
     def _take_from(self, buffer: deque[Record], max_count: int) -> list[Delivery]:
         taken: list[Delivery] = []
+        held: list[Record] = []
+        blocked: set[Partition] = set()  # a partition's records go out in order: none after one held back
         now = self._clock()
         while buffer and len(taken) < max_count:
             record = buffer.popleft()
             ledger = self._ledgers[record.key]
+            if record.key in blocked or not ledger.may_hand_out(record.offset):
+                blocked.add(record.key)
+                held.append(record)
+                continue
+            delivery = record.delivery
+            attempts = ledger.attempts(delivery, record.offset)
+            if attempts != delivery.attempts:
+                delivery = replace(delivery, attempts=attempts)
             ledger.states[record.offset] = State.HANDED_OUT
-            ledger.out[record.offset] = (now, record.delivery)
+            ledger.out[record.offset] = (now, delivery)
             self._count -= 1
-            self._bytes -= len(record.delivery.payload)
-            taken.append(record.delivery)
+            self._bytes -= len(delivery.payload)
+            taken.append(delivery)
+        buffer.extendleft(reversed(held))
         return taken

@@ -17,6 +17,11 @@ reads those messages again (at-least-once). The cooperative-sticky assignor
 keeps every partition that does not move, so a member joining or leaving
 does not make the others drop their work in hand.
 
+Each partition the member starts reading is opened in the inbox with the
+mark committed there, and the marks the inbox wants are committed (blocking,
+on this thread) before the records they name go out: that is how deliveries
+are counted across members (``kafka_marks``).
+
 Broker outages do not end the thread: kafka-python reconnects by itself, and
 a failed turn is logged and retried after a pause.
 """
@@ -39,7 +44,8 @@ from broker.transports.kafka_api import (
     ConsumerRebalanceListener, CooperativeStickyAssignor, KafkaConsumer, KafkaError, MemberState,
     KafkaConnectionError, OffsetAndMetadata, TopicPartition, reachable,
 )  # fmt: skip
-from broker.transports.kafka_inbox import Inbox, Partition, Record
+from broker.transports.kafka_inbox import Commit, Inbox, Partition, Record
+from broker.transports.kafka_marks import decode_mark
 from broker.transports.kafka_settings import KafkaSettings
 
 log = structlog.get_logger("ferry.broker.kafka")
@@ -99,11 +105,17 @@ class GroupMember:
     async def fetch(self, channels: Sequence[str], max_count: int, timeout_s: float) -> list[Delivery]:
         self._limit = max(self._limit, 2 * max_count)
         if timeout_s <= 0:
-            # "Nothing to wait for" on Kafka still means joining the group and
-            # reading up to the end offsets: a message published before this
-            # call must come back from it, as it does on the other transports.
+            # "Nothing to wait for" on Kafka still means joining the group,
+            # reading up to the end offsets and committing the marks that hold
+            # records back: a message published before this call must come back
+            # from it, as it does on the other transports.
             await self._catch_up(max_count)
-            return self._take(channels, max_count)
+            deadline = self._loop.time() + self._settings.catch_up_timeout_s
+            taken = self._take(channels, max_count)
+            while not taken and self.inbox.wanted() and (remaining := deadline - self._loop.time()) > 0:
+                await self._wait(remaining)
+                taken = self._take(channels, max_count)
+            return taken
         deadline = self._loop.time() + timeout_s
         while not (taken := self._take(channels, max_count)):
             remaining = deadline - self._loop.time()
@@ -221,11 +233,46 @@ class GroupMember:
             self._subscribe(consumer)
         self._commit(consumer)
         self._flow(consumer)
+        self._write_marks(consumer)
         batches = consumer.poll(timeout_ms=self._settings.poll_interval_ms)
         records = [self._record(r) for batch in batches.values() for r in batch]
-        if records and self.inbox.add(records):
-            self._call_soon(self._wake)
+        if records:
+            self._open_new(consumer, records)
+            if self.inbox.add(records):
+                self._call_soon(self._wake)
+            self._write_marks(consumer)
         self._serve_catch_ups(consumer)
+
+    def _open_new(self, consumer: KafkaConsumer, records: list[Record]) -> None:
+        """Open the partitions these records start, each with the mark committed there."""
+        starts: dict[Partition, int] = {}
+        for record in records:
+            if record.key not in starts and not self.inbox.is_open(record.key):
+                starts[record.key] = record.offset
+        for (topic, partition), start in starts.items():
+            tp = TopicPartition(self._namespace + topic, partition)
+            committed = consumer.committed(tp, metadata=True, timeout_ms=self._settings.request_timeout_ms)
+            found = decode_mark(committed.metadata) if committed is not None else None
+            if found is not None and found.offset == start:
+                log.info("kafka.partition_suspect", group=self.group, topic=topic, partition=partition,
+                         offset=start, handed_out=found.count)
+            self.inbox.open((topic, partition), start, found, self._limit)
+
+    def _write_marks(self, consumer: KafkaConsumer) -> None:
+        """Commit the marks the inbox waits for, then let their records go."""
+        wanted = self.inbox.wanted()
+        if not wanted:
+            return
+        offsets = {TopicPartition(self._namespace + topic, partition): OffsetAndMetadata(mark.offset, mark.encode(), -1)
+                   for (topic, partition), mark in wanted.items()}  # fmt: skip
+        try:
+            consumer.commit(offsets, timeout_ms=self._settings.request_timeout_ms)
+        except KafkaError as exc:  # a rebalance or the coordinator away: try again next turn
+            log.info("kafka.mark_failed", group=self.group, consumer=self.consumer, error=repr(exc))
+            return
+        for key, mark in wanted.items():
+            self.inbox.marked(key, mark)
+        self._call_soon(self._wake)
 
     def _commit(self, consumer: KafkaConsumer) -> None:
         # While commits fail (the coordinator is away), retry at a walk, and say so once.
@@ -325,18 +372,17 @@ class GroupMember:
             self._call_soon(_resolve, request.done)
 
     def _close(self, consumer: KafkaConsumer) -> None:
+        # Whatever is not acked by now is the next consumer's to read again.
+        leaving = self.inbox.drop(self.inbox.partitions())
         try:
-            due = self.inbox.due_commits()
-            if due:
-                consumer.commit(_offsets(due, self._namespace), timeout_ms=CLOSE_TIMEOUT_MS)
+            if leaving:
+                consumer.commit(_offsets(leaving, self._namespace), timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:
             log.warning("kafka.final_commit_failed", group=self.group, error=repr(exc))
         try:
             consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:
             log.warning("kafka.close_failed", group=self.group, error=repr(exc))
-        # Whatever close could not revoke cleanly is the next consumer's to read again.
-        self.inbox.drop(self.inbox.partitions())
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python is untyped
@@ -370,9 +416,9 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-pyth
         return [(tp.topic.removeprefix(self._namespace), tp.partition) for tp in tps]
 
 
-def _offsets(points: dict[Partition, int], namespace: str) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {TopicPartition(namespace + topic, partition): OffsetAndMetadata(offset, "", -1)
-            for (topic, partition), offset in points.items()}  # fmt: skip
+def _offsets(commits: dict[Partition, Commit], namespace: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {TopicPartition(namespace + topic, partition): OffsetAndMetadata(offset, metadata, -1)
+            for (topic, partition), (offset, metadata) in commits.items()}  # fmt: skip
 
 
 def _attempts(headers: tuple[tuple[str, bytes], ...]) -> int:

@@ -10,7 +10,6 @@ import pytest
 from broker.errors import BrokerError, TransportError
 from broker.transport import Delivery
 from broker.transports.kafka import KafkaTransport
-from broker.transports.kafka_inbox import Inbox, Record
 from broker.transports.kafka_settings import KafkaSettings
 from tests.redis_server import free_port
 
@@ -30,8 +29,11 @@ async def publish_all(transport: KafkaTransport, count: int, channel: str = "c")
 
 
 async def drain(transport: KafkaTransport, group: str, consumer: str, channel: str = "c") -> list[Delivery]:
+    """Everything there is, each acked as it comes, as a worker would."""
     taken: list[Delivery] = []
     while batch := await transport.fetch(channel, group, consumer, 100, 0):
+        for delivery in batch:
+            await transport.ack(delivery)
         taken += batch
     return taken
 
@@ -40,7 +42,7 @@ def payloads(deliveries: list[Delivery]) -> list[bytes]:
     return [d.payload for d in deliveries]
 
 
-# -- settings and the inbox, without a broker -------------------------------
+# -- settings, without a broker ---------------------------------------------
 
 
 def test_url_gives_bootstrap_partitions_and_settings():
@@ -53,67 +55,6 @@ def test_url_gives_bootstrap_partitions_and_settings():
         KafkaSettings.from_url("redis://a:9092")
 
 
-def _record(partition: int, offset: int, channel: str = "c") -> Record:
-    return Record(partition, offset, Delivery(channel, "g", f"{partition}-{offset}", b"x"))
-
-
-@pytest.mark.parametrize(
-    ("acked", "commit_point"),
-    [
-        ([], None),
-        ([0], 1),
-        ([1, 2], None),  # a gap at 0: nothing may be committed
-        ([2, 0], 1),  # stops at the gap at 1
-        ([2, 0, 1], 3),
-        ([0, 0, 1], 2),  # acking twice is harmless
-    ],
-)
-def test_commit_point_is_the_end_of_the_acked_prefix(acked: list[int], commit_point: int | None):
-    inbox = Inbox()
-    inbox.add(_record(0, offset) for offset in range(3))
-    inbox.take(["c"], 3)
-    for offset in acked:
-        inbox.ack("c", 0, offset)
-    assert inbox.due_commits() == ({} if commit_point is None else {("c", 0): commit_point})
-    assert inbox.due_commits() == {}  # sent once
-
-
-def test_inbox_ignores_acks_for_records_not_handed_out_and_drops_revoked_partitions():
-    inbox = Inbox()
-    inbox.add([_record(0, 0), _record(1, 0), _record(1, 1)])
-    inbox.ack("c", 1, 0)  # still buffered: not acked
-    assert inbox.due_commits() == {}
-    assert [d.message_id for d in inbox.take(["c"], 1)] == ["0-0"]
-    inbox.ack("c", 0, 0)
-    assert inbox.drop([("c", 0), ("c", 1)]) == {("c", 0): 1}
-    assert inbox.buffered == (0, 0) and inbox.take(["c"], 10) == []
-
-
-def test_inbox_hands_out_again_what_idled_unacked_one_attempt_higher():
-    now = [100.0]
-    inbox = Inbox(clock=lambda: now[0])
-    inbox.add(_record(0, offset) for offset in range(3))
-    inbox.take(["c"], 2)
-    now[0] += 5
-    inbox.ack("c", 0, 1)
-    assert inbox.stale("c", 10, 10) == [] and inbox.stale("other", 0, 10) == []
-    now[0] += 5
-    (again,) = inbox.stale("c", 10, 10)  # 0-1 was acked, 0-2 never handed out
-    assert (again.message_id, again.attempts) == ("0-0", 2)
-    assert inbox.stale("c", 10, 10) == []
-    now[0] += 10
-    assert [d.attempts for d in inbox.stale("c", 10, 10)] == [3]
-    inbox.ack("c", 0, 0)
-    assert inbox.stale("c", 0, 10) == [] and inbox.due_commits() == {("c", 0): 2}
-
-
-def test_inbox_serves_the_first_channel_that_has_records():
-    inbox = Inbox()
-    inbox.add([_record(0, 0, "lo"), _record(0, 1, "lo"), _record(0, 0, "hi")])
-    assert [d.channel for d in inbox.take(["hi", "lo"], 10)] == ["hi"]
-    assert [d.message_id for d in inbox.take(["hi", "lo"], 10)] == ["0-0", "0-1"]
-
-
 # -- against a real broker ---------------------------------------------------
 
 
@@ -124,7 +65,39 @@ async def test_offsets_are_committed_only_after_ack(kafka_bootstrap: str):
         first, *_ = await transport.fetch("c", "g", "a", 3, 0)
         await transport.ack(first)
     async with KafkaTransport(config) as reopened:
-        assert payloads(await drain(reopened, "g", "b")) == [b"m1", b"m2"]
+        again = await drain(reopened, "g", "b")
+    # m1 was the oldest message handed out and lost: counted (kafka_marks).
+    assert [(d.payload, d.attempts) for d in again] == [(b"m1", 2), (b"m2", 1)]
+
+
+async def test_a_message_taken_and_lost_comes_back_alone_and_counted(kafka_bootstrap: str):
+    """Each member takes the oldest message and goes without acking it, as a
+    worker it kills would: the next one gets it on its own, one count higher."""
+    config = settings(kafka_bootstrap, partitions=1)
+    async with KafkaTransport(config) as first:
+        await publish_all(first, 3)
+        (taken,) = await first.fetch("c", "g", "a", 1, 0)
+    counts = [taken.attempts]
+    for _ in range(2):
+        async with KafkaTransport(config) as member:
+            taken, *others = await member.fetch("c", "g", "a", 10, 0)
+            assert (taken.payload, others) == (b"m0", [])
+            assert await member.fetch("c", "g", "a", 10, 0.3) == []  # nothing else while it is out
+            counts.append(taken.attempts)
+    assert counts == [1, 2, 3]
+    async with KafkaTransport(config) as last:
+        assert [(d.payload, d.attempts) for d in await drain(last, "g", "a")] == [
+            (b"m0", 4), (b"m1", 1), (b"m2", 1)]
+
+
+async def test_a_clean_leave_counts_nothing(kafka_bootstrap: str):
+    config = settings(kafka_bootstrap, partitions=1)
+    async with KafkaTransport(config) as first:
+        await publish_all(first, 2)
+        (taken,) = await first.fetch("c", "g", "a", 1, 0)  # m1 is buffered behind it, never handed out
+        await first.ack(taken)
+    async with KafkaTransport(config) as second:
+        assert [(d.payload, d.attempts) for d in await drain(second, "g", "a")] == [(b"m1", 1)]
 
 
 async def test_commits_stop_at_the_first_unacked_offset(kafka_bootstrap: str):
@@ -170,8 +143,6 @@ async def test_a_member_that_stops_fetching_keeps_its_partitions(kafka_bootstrap
         await asyncio.sleep(2.5)
         await transport.ack(first)
         rest = await drain(transport, "g", "a")
-        for delivery in rest:
-            await transport.ack(delivery)
         assert payloads([first, *rest]) == [f"m{n}".encode() for n in range(5)]
         assert await transport.fetch("c", "g", "a", 10, 0.5) == []
 
