@@ -37,7 +37,7 @@ import structlog
 
 from broker import channels
 from broker.envelope import ErrorInfo, Request, Response, WireTensor
-from broker.errors import EnvelopeError, TransportClosed
+from broker.errors import EnvelopeError, TransportClosed, TransportError
 from broker.transport import Delivery, Reclaiming, Transport
 from workers.datatypes import encode_array
 from workers.deadletter import DeadLetters
@@ -280,9 +280,14 @@ class Worker:
         if response.error is not None and await self._retry_or_give_up(delivery, response.error):
             return
         reply = self._format.reply(delivery, request, response)
-        if reply is not None:
-            await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
-        await self._transport.ack(delivery)
+        try:
+            if reply is not None:
+                await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
+            await self._transport.ack(delivery)
+        except TransportError as exc:
+            # Left unacked, so it is claimed and computed again once idle (the broker may be back by then).
+            log.warning("worker.reply_failed", model=model, request_id=request.id, message_id=delivery.message_id,
+                        error=str(exc), retry_after_s=self._settings.recovery.idle_s)
 
     async def _may_start(self, request: Request) -> bool:
         if self._job_gate is None or request.reply_to != self._job_channel:
