@@ -1,11 +1,12 @@
-"""What Redis and separate processes cost ferry, and how throughput grows with workers.
+"""What Redis, Kafka and separate processes cost ferry, and how throughput grows with workers.
 
-Part 1, on ``model_repo/cnn``: ``ferry serve`` on its in-memory broker (the baseline), the same
-with ``--broker redis://`` (one process, Redis in the middle), and ``ferry gateway`` plus one
-``ferry worker`` over Redis, at the same client concurrencies. Part 2: one gateway and 1, 2
-and 4 workers over one ``redis-server``, serving a Python model that sleeps a fixed time per
-batch (a stand-in for a GPU-bound worker), against the ideal of every worker running full
-batches back to back. Prints tables and writes JSON.
+Part 1, on ``model_repo/cnn``: ``ferry serve`` on its in-memory broker (the baseline), then for
+each broker (Redis, Kafka) the same with ``--broker`` pointing at it (one process, the broker
+in the middle), and ``ferry gateway`` plus one ``ferry worker`` over it, at the same client
+concurrencies. Part 2, for each broker: one gateway and 1, 2 and 4 workers, serving a Python
+model that sleeps a fixed time per batch (a stand-in for a GPU-bound worker), against the
+ideal of every worker running full batches back to back; on Kafka the request topic has 4
+partitions. Prints tables and writes JSON.
 
     python benchmarks/bench_fleet.py            # the full run, a few minutes
     python benchmarks/bench_fleet.py --quick    # a smoke run
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -33,7 +35,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the pat
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import cpu, fleet_procs, sleep_model  # noqa: E402
-from benchmarks.fleet_procs import Fleet, Redis  # noqa: E402
+from benchmarks.fleet_procs import Broker, Fleet  # noqa: E402
 from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load  # noqa: E402
 from benchmarks.server import HOST, copy_model, ferry_server  # noqa: E402
 from benchmarks.sleep_model import BatchCount, SleepModel  # noqa: E402
@@ -41,14 +43,23 @@ from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
 
 CNN_DIR = REPO_ROOT / "model_repo" / "cnn"
 CNN_NAME, CNN_SHAPE, CNN_OUTPUT_BYTES = "cnn", (3, 128, 128), 10 * 4
-EMBEDDED, SERVE_REDIS, SPLIT = "serve, memory broker", "serve, redis broker", "gateway + worker, redis"
+EMBEDDED = "serve, memory broker"
+BROKERS = ("redis", "kafka")
 SCALING = "gateway + N workers"
 TARGET_SCALING, TARGET_SCALING_WORKERS = 3.5, 4
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fleet.json"
 DEFAULT_DURATION_S, DEFAULT_WARMUP_S = 5.0, 2.0
 QUICK_DURATION_S, QUICK_WARMUP_S = 1.5, 1.0
 
-Pids = dict[str, tuple[int, ...]]   # role ("server", "gateway", "workers", "redis") -> its processes
+Pids = dict[str, tuple[int, ...]]   # role ("server", "gateway", "workers", "broker") -> its processes
+
+
+def serve_mode(kind: str) -> str:
+    return f"serve, {kind} broker"
+
+
+def split_mode(kind: str) -> str:
+    return f"gateway + worker, {kind}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +69,7 @@ class BenchSettings:
     out: Path = DEFAULT_OUT
     concurrency: tuple[int, ...] = (16, 64)
     workers: tuple[int, ...] = (1, 2, 4)
+    brokers: tuple[str, ...] = BROKERS
     sleep_ms: float = 100.0
     max_batch_size: int = 8
     queue_delay_us: int = 2000
@@ -78,16 +90,18 @@ class BenchSettings:
 @dataclass(frozen=True, slots=True)
 class Row:
     summary: Summary
+    broker: str                                         # "memory", "redis" or "kafka"
     cores: dict[str, float | None]                      # role -> cores busy in the window
     ratio: float | None = None                          # to the row this part compares against
     worker_counts: tuple[BatchCount, ...] = ()          # part 2: each worker's batches in the window
     ideal_per_s: float | None = None
-    pending: tuple[int, ...] = ()                       # part 2: each worker's unacked deliveries mid-window
+    held: tuple[int, ...] = ()                          # part 2, mid-window: each worker's unacked
+                                                        # deliveries (Redis) or partitions (Kafka)
 
     def to_json(self) -> dict[str, object]:
         return {
-            **self.summary.to_json(), "cores": self.cores, "ratio": self.ratio, "ideal_per_s": self.ideal_per_s,
-            "efficiency": self.efficiency, "pending_mid_window": list(self.pending),
+            **self.summary.to_json(), "broker": self.broker, "cores": self.cores, "ratio": self.ratio,
+            "ideal_per_s": self.ideal_per_s, "efficiency": self.efficiency, "held_mid_window": list(self.held),
             "workers": [{"batches": c.batches, "rows": c.rows, "mean_batch": c.mean_batch}
                         for c in self.worker_counts],
         }
@@ -118,6 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="client concurrencies for part 1, comma-separated (default 16,64)")
     parser.add_argument("--workers", type=int_list, default=(1, 2, 4),
                         help="worker counts for part 2, comma-separated (default 1,2,4)")
+    parser.add_argument("--brokers", type=_broker_list, default=BROKERS,
+                        help="shared brokers to measure, comma-separated (default redis,kafka)")
     parser.add_argument("--sleep-ms", type=float, default=100.0, help="the sleep model's time per batch")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the sleep model's max_batch_size")
     parser.add_argument("--queue-delay-us", type=int, default=2000, help="the sleep model's max_queue_delay")
@@ -135,11 +151,20 @@ def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     return BenchSettings(
         duration_s=args.duration if args.duration is not None else duration,
         warmup_s=args.warmup if args.warmup is not None else warmup,
-        out=args.out, concurrency=args.concurrency, workers=args.workers, sleep_ms=args.sleep_ms,
+        out=args.out, concurrency=args.concurrency, workers=args.workers, brokers=args.brokers,
+        sleep_ms=args.sleep_ms,
         max_batch_size=args.max_batch_size, queue_delay_us=args.queue_delay_us,
         scaling_concurrency=args.scaling_concurrency,
         skip_throughput=args.skip_throughput, skip_scaling=args.skip_scaling,
     )
+
+
+def _broker_list(text: str) -> tuple[str, ...]:
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in BROKERS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"brokers are among {', '.join(BROKERS)}, not {text!r}")
+    return kinds
 
 
 # --- measuring ---------------------------------------------------------------
@@ -199,41 +224,47 @@ async def _check(target: Target) -> None:
     await probe(target)   # raises LoadError when the answer is not what the load generator expects
 
 
-async def _points(mode: str, target: Target, settings: BenchSettings, pids: Pids) -> list[Row]:
+async def _points(mode: str, broker: str, target: Target, settings: BenchSettings, pids: Pids) -> list[Row]:
     await _check(target)
     rows = []
     for concurrency in settings.concurrency:
         summary, cores, _ = await measure(mode, target, LoadSpec(concurrency, settings.warmup_s, settings.duration_s),
                                           pids)
-        rows.append(Row(summary, cores))
+        rows.append(Row(summary, broker, cores))
         print(f"  {_throughput_line(rows[-1])}", flush=True)
     return rows
 
 
-# --- part 1: Redis against the embedded broker, on cnn --------------------------------
+# --- part 1: each broker against the embedded one, on cnn ------------------------------
 
 
-def run_throughput(settings: BenchSettings, broker: Redis, scratch: Path) -> list[Row]:
+def run_throughput(settings: BenchSettings, brokers: Sequence[Broker], scratch: Path) -> list[Row]:
     repository = scratch / "cnn-repo"
     repository.mkdir()
     copy_model(CNN_DIR, repository, dynamic_batching=True)
     rows: list[Row] = []
     with event_loop_runner() as runner:
-        for mode, extra in ((EMBEDDED, ()), (SERVE_REDIS, ("--broker", broker.url))):
-            print(f"{mode}: ferry serve {' '.join(extra)}".rstrip(), flush=True)
-            fleet_procs.empty(broker)
-            with ferry_server(repository, scratch / f"serve-{len(rows)}.log", extra_args=extra) as server:
-                pids: Pids = {"server": (server.pid,), **({"redis": (broker.pid,)} if extra else {})}
-                rows += runner.run(_points(mode, cnn_target(server.host, server.port), settings, pids))
-        print(f"{SPLIT}: ferry gateway + 1 ferry worker", flush=True)
-        fleet_procs.empty(broker)
-        with fleet_procs.fleet(repository, broker, 1, CNN_NAME, _logs(scratch, "split")) as split:
-            rows += runner.run(_points(SPLIT, cnn_target(split.host, split.port), settings, _fleet_pids(split, broker)))
+        print(f"{EMBEDDED}: ferry serve", flush=True)
+        with ferry_server(repository, scratch / "serve-memory.log") as server:
+            rows += runner.run(_points(EMBEDDED, "memory", cnn_target(server.host, server.port), settings,
+                                       {"server": (server.pid,)}))
+        for broker in brokers:
+            url = fleet_procs.fresh_url(broker)
+            print(f"{serve_mode(broker.kind)}: ferry serve --broker {url}", flush=True)
+            with ferry_server(repository, scratch / f"serve-{broker.kind}.log", extra_args=("--broker", url)) as server:
+                pids: Pids = {"server": (server.pid,), "broker": (broker.pid,)}
+                rows += runner.run(_points(serve_mode(broker.kind), broker.kind,
+                                           cnn_target(server.host, server.port), settings, pids))
+            print(f"{split_mode(broker.kind)}: ferry gateway + 1 ferry worker", flush=True)
+            url = fleet_procs.fresh_url(broker)
+            with fleet_procs.fleet(repository, url, 1, CNN_NAME, _logs(scratch, f"split-{broker.kind}")) as split:
+                rows += runner.run(_points(split_mode(broker.kind), broker.kind, cnn_target(split.host, split.port),
+                                           settings, _fleet_pids(split, broker)))
     return _with_ratios_to(rows, EMBEDDED)
 
 
-def _fleet_pids(running: Fleet, broker: Redis) -> Pids:
-    return {"gateway": (running.gateway_pid,), "workers": running.worker_pids, "redis": (broker.pid,)}
+def _fleet_pids(running: Fleet, broker: Broker) -> Pids:
+    return {"gateway": (running.gateway_pid,), "workers": running.worker_pids, "broker": (broker.pid,)}
 
 
 def _logs(scratch: Path, name: str) -> Path:
@@ -244,7 +275,7 @@ def _logs(scratch: Path, name: str) -> Path:
 
 def _with_ratios_to(rows: list[Row], baseline_mode: str) -> list[Row]:
     baseline = {row.summary.point: row.summary.images_per_s for row in rows if row.summary.mode == baseline_mode}
-    return [Row(row.summary, row.cores, _ratio(row.summary.images_per_s, baseline.get(row.summary.point)))
+    return [Row(row.summary, row.broker, row.cores, _ratio(row.summary.images_per_s, baseline.get(row.summary.point)))
             for row in rows]
 
 
@@ -255,41 +286,43 @@ def _ratio(value: float, baseline: float | None) -> float | None:
 # --- part 2: scaling with workers, on the sleep model ---------------------------------
 
 
-def run_scaling(settings: BenchSettings, broker: Redis, scratch: Path) -> list[Row]:
+def run_scaling(settings: BenchSettings, broker: Broker, scratch: Path) -> list[Row]:
     model = settings.sleep_model
-    repository, stats_dir = scratch / "sleep-repo", scratch / "sleep-stats"
+    repository, stats_dir = scratch / f"sleep-repo-{broker.kind}", scratch / f"sleep-stats-{broker.kind}"
     sleep_model.write_sleep_model(repository, model, stats_dir)
     spec = LoadSpec(settings.clients_for_scaling, settings.warmup_s, settings.duration_s)
     rows: list[Row] = []
     with event_loop_runner() as runner:
         for workers in settings.workers:
-            print(f"{SCALING}: {workers} worker(s), sleep model {model.sleep_ms:g} ms per batch of "
-                  f"{model.max_batch_size}", flush=True)
-            fleet_procs.empty(broker)
-            with fleet_procs.fleet(repository, broker, workers, sleep_model.NAME, _logs(scratch, f"n{workers}")) as running:
-                rows.append(runner.run(_scaling_point(running, broker, spec, model, stats_dir)))
+            print(f"{SCALING} over {broker.kind}: {workers} worker(s), sleep model {model.sleep_ms:g} ms per "
+                  f"batch of {model.max_batch_size}", flush=True)
+            url = fleet_procs.fresh_url(broker)
+            logs = _logs(scratch, f"{broker.kind}-n{workers}")
+            with fleet_procs.fleet(repository, url, workers, sleep_model.NAME, logs) as running:
+                rows.append(runner.run(_scaling_point(running, broker, url, spec, model, stats_dir)))
             print(f"  {_scaling_line(rows[-1])}", flush=True)
     base = rows[0].summary.images_per_s if rows and len(rows[0].worker_counts) == 1 else None
-    return [Row(r.summary, r.cores, _ratio(r.summary.images_per_s, base), r.worker_counts, r.ideal_per_s, r.pending)
-            for r in rows]
+    return [Row(r.summary, r.broker, r.cores, _ratio(r.summary.images_per_s, base), r.worker_counts, r.ideal_per_s,
+                r.held) for r in rows]
 
 
-async def _scaling_point(running: Fleet, broker: Redis, spec: LoadSpec, model: SleepModel, stats_dir: Path) -> Row:
+async def _scaling_point(running: Fleet, broker: Broker, url: str, spec: LoadSpec, model: SleepModel,
+                         stats_dir: Path) -> Row:
     target = sleep_target(running.host, running.port)
     await _check(target)
 
     def counts() -> list[BatchCount]:
         return list(sleep_model.read_counts(stats_dir, running.worker_pids).values())
 
-    async def pending_mid_window() -> list[int]:
+    async def held_mid_window() -> list[int]:
         await asyncio.sleep(spec.warmup_s + spec.duration_s / 2)
-        return await asyncio.to_thread(fleet_procs.pending_by_consumer, broker, sleep_model.NAME)
+        return await asyncio.to_thread(fleet_procs.held_by_worker, url, sleep_model.NAME)
 
-    mode = f"{len(running.worker_pids)} worker(s)"
-    pending = asyncio.create_task(pending_mid_window())
+    mode = f"{broker.kind}, {len(running.worker_pids)} worker(s)"
+    held = asyncio.create_task(held_mid_window())
     summary, cores, per_worker = await measure(mode, target, spec, _fleet_pids(running, broker), counts)
-    return Row(summary, cores, None, tuple(per_worker), model.ideal_rows_per_s(len(running.worker_pids)),
-               tuple(await pending))
+    return Row(summary, broker.kind, cores, None, tuple(per_worker), model.ideal_rows_per_s(len(running.worker_pids)),
+               tuple(await held))
 
 
 # --- reporting -------------------------------------------------------------------------
@@ -311,19 +344,19 @@ def print_throughput(rows: list[Row]) -> None:
     for row in rows:
         print(_throughput_line(row))
     print(f"\n{'CPU (cores busy)':<26} {'point':<16} {'client':>7} {'serve':>7} {'gateway':>8} {'workers':>8} "
-          f"{'redis':>7} {'server-side ms/image':>21}")
+          f"{'broker':>7} {'server-side ms/image':>21}")
     for row in rows:
         c = row.cores
         print(f"{row.summary.mode:<26} {row.summary.point:<16} {_maybe(c.get('client'), '.2f'):>7} "
               f"{_maybe(c.get('server'), '.2f'):>7} {_maybe(c.get('gateway'), '.2f'):>8} "
-              f"{_maybe(c.get('workers'), '.2f'):>8} {_maybe(c.get('redis'), '.2f'):>7} "
+              f"{_maybe(c.get('workers'), '.2f'):>8} {_maybe(c.get('broker'), '.2f'):>7} "
               f"{_maybe(row.summary.compute_ms_per_image, '.2f'):>21}")
 
 
 def _scaling_line(row: Row) -> str:
     s = row.summary
     errors = f"  ({s.errors} errors)" if s.errors else ""
-    return (f"{len(row.worker_counts):>7} {s.point:<16} {s.images_per_s:>10.1f} {_maybe(s.p50_ms, '.1f'):>9} "
+    return (f"{row.broker:<6} {len(row.worker_counts):>7} {s.point:<16} {s.images_per_s:>10.1f} {_maybe(s.p50_ms, '.1f'):>9} "
             f"{_maybe(s.p99_ms, '.1f'):>9} {_maybe(row.ratio, '.2f'):>10} {_maybe(row.ideal_per_s, '.1f'):>10} "
             f"{_maybe(row.efficiency, '.0%'):>11}{errors}")
 
@@ -335,14 +368,14 @@ def _spread(row: Row) -> str:
 
 
 def print_scaling(rows: list[Row]) -> None:
-    print(f"\n{'workers':>7} {'point':<16} {'requests/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'x 1 worker':>10} "
+    print(f"\n{'broker':<6} {'workers':>7} {'point':<16} {'requests/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'x 1 worker':>10} "
           f"{'ideal/s':>10} {'of ideal':>11}")
     for row in rows:
         print(_scaling_line(row))
-    print("\nshare of rows per worker in the window (batches, mean batch size); unacked deliveries "
-          "per worker mid-window:")
+    print("\nshare of rows per worker in the window (batches, mean batch size); mid-window, what each "
+          "worker held: unacked deliveries (redis) or partitions (kafka):")
     for row in rows:
-        print(f"{len(row.worker_counts):>7}  {_spread(row)}    pending {list(row.pending)}")
+        print(f"{row.broker:<6} {len(row.worker_counts):>7}  {_spread(row)}    held {list(row.held)}")
 
 
 def key_figures(report: Report) -> dict[str, object]:
@@ -350,19 +383,21 @@ def key_figures(report: Report) -> dict[str, object]:
     for row in report.throughput:
         if row.summary.mode != EMBEDDED:
             figures[f"{row.summary.mode} / {EMBEDDED}, {row.summary.point}"] = row.ratio
-    at_target = next((r for r in report.scaling if len(r.worker_counts) == TARGET_SCALING_WORKERS), None)
-    if at_target is not None:
-        figures["scaling"] = {"name": f"{TARGET_SCALING_WORKERS} workers / 1 worker", "value": at_target.ratio,
-                              "target": TARGET_SCALING,
-                              "met": at_target.ratio is not None and at_target.ratio >= TARGET_SCALING}
+    for row in report.scaling:
+        if len(row.worker_counts) == TARGET_SCALING_WORKERS:
+            figures[f"scaling, {row.broker}"] = {
+                "name": f"{TARGET_SCALING_WORKERS} workers / 1 worker over {row.broker}", "value": row.ratio,
+                "target": TARGET_SCALING, "met": row.ratio is not None and row.ratio >= TARGET_SCALING,
+            }
     return figures
 
 
 def _machine() -> dict[str, object]:
+    import kafka
     import redis
 
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "redis_py": redis.__version__, "numpy": np.__version__}
+            "redis_py": redis.__version__, "kafka_python": kafka.__version__, "numpy": np.__version__}
 
 
 def write_json(path: Path, settings: BenchSettings, report: Report) -> None:
@@ -374,6 +409,7 @@ def write_json(path: Path, settings: BenchSettings, report: Report) -> None:
         "load_average": {"start": list(report.load_start), "end": list(os.getloadavg())},
         "settings": {"duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
                      "concurrency": list(settings.concurrency), "workers": list(settings.workers),
+                     "brokers": list(settings.brokers),
                      "sleep_ms": settings.sleep_ms, "max_batch_size": settings.max_batch_size,
                      "queue_delay_us": settings.queue_delay_us,
                      "scaling_concurrency": settings.clients_for_scaling},
@@ -395,19 +431,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _interrupt)
     report = Report()
-    with tempfile.TemporaryDirectory(prefix="ferry-fleet-") as scratch, fleet_procs.redis_server() as broker:
-        print(f"redis-server on {broker.url}", flush=True)
+    starters = {"redis": fleet_procs.redis_server, "kafka": fleet_procs.kafka_server}
+    with tempfile.TemporaryDirectory(prefix="ferry-fleet-") as scratch, contextlib.ExitStack() as stack:
+        brokers = [stack.enter_context(starters[kind]()) for kind in settings.brokers]
+        for broker in brokers:
+            print(f"{broker.kind} on {broker.url} (pid {broker.pid})", flush=True)
         if not settings.skip_throughput:
-            report.throughput = run_throughput(settings, broker, Path(scratch))
+            report.throughput = run_throughput(settings, brokers, Path(scratch))
         if not settings.skip_scaling:
-            report.scaling = run_scaling(settings, broker, Path(scratch))
+            for broker in brokers:
+                report.scaling += run_scaling(settings, broker, Path(scratch))
     if report.throughput:
         print_throughput(report.throughput)
     if report.scaling:
         print_scaling(report.scaling)
-    figure = key_figures(report).get("scaling")
-    if isinstance(figure, dict) and figure["value"] is not None:
-        print(f"\nkey figure: {figure['name']} = {figure['value']:.2f} (target >= {TARGET_SCALING})")
+    for figure in key_figures(report).values():
+        if isinstance(figure, dict) and figure["value"] is not None:
+            print(f"\nkey figure: {figure['name']} = {figure['value']:.2f} (target >= {TARGET_SCALING})")
     print(f"\nload average (1 min) {report.load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end, "
           f"on {os.cpu_count()} CPUs")
     write_json(settings.out, settings, report)

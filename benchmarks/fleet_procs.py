@@ -1,8 +1,13 @@
-"""A fleet on one machine: a ``redis-server``, one ``ferry gateway`` and N ``ferry worker`` processes.
+"""A fleet on one machine: a broker (``redis-server`` or a single-node Kafka), one
+``ferry gateway`` and N ``ferry worker`` processes.
+
+Each configuration starts clean on a broker shared by the whole run: Redis is emptied, and
+on Kafka every configuration gets a namespace of its own (fresh topics and groups).
 
 Everything started here is stopped when its block ends, on an error or Ctrl-C too:
 processes with SIGTERM and, after a grace period, SIGKILL (``server.stop_process``), Redis
-with ``SHUTDOWN NOSAVE`` (``tests.redis_server.RedisServer``).
+with ``SHUTDOWN NOSAVE`` (``tests.redis_server.RedisServer``), Kafka with SIGTERM
+(``tests.kafka_server.KafkaServer``).
 """
 
 from __future__ import annotations
@@ -10,14 +15,18 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from kafka import KafkaAdminClient
 
 from benchmarks.server import HOST, ServerError, free_port, log_tail, spawn_ferry, stop_process, wait_ready
 from broker import channels
+from broker.transports.kafka_settings import KafkaSettings
+from tests.kafka_server import KafkaServer
 from tests.redis_server import RedisServer, flushdb
 from workers.heartbeat import decode_heartbeat
 
@@ -25,7 +34,8 @@ READY_TIMEOUT_S = 90.0
 
 
 @dataclass(frozen=True, slots=True)
-class Redis:
+class Broker:
+    kind: str  # "redis" or "kafka"
     url: str
     pid: int
 
@@ -40,23 +50,35 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[Redis]:
+def redis_server() -> Iterator[Broker]:
     with RedisServer() as server:
         with redis.Redis.from_url(server.url) as client:
             pid = int(client.info("server")["process_id"])
-        yield Redis(server.url, pid)
-
-
-def empty(broker: Redis) -> None:
-    """Forget every stream, group and heartbeat, so one configuration starts where the last did not."""
-    flushdb(broker.url)
+        yield Broker("redis", server.url, pid)
 
 
 @contextlib.contextmanager
-def fleet(repository: Path, broker: Redis, workers: int, model: str, logs: Path) -> Iterator[Fleet]:
-    """A gateway and ``workers`` workers, ready once the gateway is and every worker's heartbeat names ``model``."""
+def kafka_server() -> Iterator[Broker]:
+    """A single-node Kafka; request topics get ferry's default of 4 partitions."""
+    with KafkaServer() as server:
+        yield Broker("kafka", f"kafka://{server.bootstrap}", server.pid)
+
+
+def fresh_url(broker: Broker) -> str:
+    """The broker URL for one configuration, which starts where the last did not: Redis
+    emptied of every stream, group and heartbeat; on Kafka, topics and groups of its own."""
+    if broker.kind == "kafka":
+        return f"{broker.url}?namespace=bench-{uuid.uuid4().hex[:8]}."
+    flushdb(broker.url)
+    return broker.url
+
+
+@contextlib.contextmanager
+def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Path) -> Iterator[Fleet]:
+    """A gateway and ``workers`` workers, ready once the gateway is and every worker serves
+    ``model``: its heartbeat names it (Redis), or it holds partitions of its group (Kafka)."""
     with contextlib.ExitStack() as stack:
-        common = ["--broker", broker.url, "--model-repository", str(repository)]
+        common = ["--broker", broker_url, "--model-repository", str(repository)]
         procs = [stack.enter_context(_running(["worker", *common], logs / f"worker-{index}.log"))
                  for index in range(workers)]
         port = free_port()
@@ -64,7 +86,7 @@ def fleet(repository: Path, broker: Redis, workers: int, model: str, logs: Path)
         gateway = stack.enter_context(_running(
             ["gateway", *common, "--http-port", str(port), "--host", HOST], gateway_log))
         wait_ready(gateway, port, gateway_log, READY_TIMEOUT_S, name="ferry gateway")
-        _wait_heartbeats(broker, model, procs, logs)
+        _wait_serving(broker_url, model, procs, logs)
         yield Fleet(HOST, port, gateway.pid, tuple(p.pid for p in procs),
                     tuple(logs / f"worker-{index}.log" for index in range(workers)))
 
@@ -78,10 +100,14 @@ def _running(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes
         stop_process(process)
 
 
-def serving_workers(broker: Redis, model: str) -> int:
-    """How many live workers say in their heartbeat that they serve ``model``."""
+def serving_workers(broker_url: str, model: str) -> int:
+    """How many workers serve ``model``: on Redis, live workers whose heartbeat names it;
+    on Kafka, members of its group that hold a partition (fewer than the workers when
+    there are more workers than partitions)."""
+    if broker_url.startswith("kafka://"):
+        return sum(1 for held in partitions_by_member(broker_url, model) if held)
     count = 0
-    with redis.Redis.from_url(broker.url) as client:
+    with redis.Redis.from_url(broker_url) as client:
         for key in client.scan_iter(match=channels.heartbeat_pattern()):
             raw = client.get(key)
             beat = decode_heartbeat(raw) if raw is not None else None
@@ -90,9 +116,9 @@ def serving_workers(broker: Redis, model: str) -> int:
     return count
 
 
-def _wait_heartbeats(broker: Redis, model: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
+def _wait_serving(broker_url: str, model: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while (seen := serving_workers(broker, model)) < len(procs):
+    while (seen := serving_workers(broker_url, model)) < len(procs):
         for index, process in enumerate(procs):
             if process.poll() is not None:
                 raise ServerError(f"ferry worker {index} exited with {process.returncode}:\n"
@@ -102,13 +128,32 @@ def _wait_heartbeats(broker: Redis, model: str, procs: list[subprocess.Popen[byt
         time.sleep(0.2)
 
 
-def pending_by_consumer(broker: Redis, model: str) -> list[int]:
-    """Deliveries each worker holds unacked on ``model``'s request channel, most first.
-
-    A worker fetches up to ``fetch_count`` requests at a time; one holding far more than
-    the others while they sit idle is starving them.
-    """
+def held_by_worker(broker_url: str, model: str) -> list[int]:
+    """What each worker holds of ``model``'s requests, most first: on Redis, deliveries
+    unacked on its request stream (one holding far more than the others while they sit idle
+    is starving them); on Kafka, partitions of its request topic."""
+    if broker_url.startswith("kafka://"):
+        return partitions_by_member(broker_url, model)
     channel, group = channels.request_channel(model), channels.worker_group(model)
-    with redis.Redis.from_url(broker.url) as client:
+    with redis.Redis.from_url(broker_url) as client:
         consumers = client.xinfo_consumers(channel, group)
     return sorted((int(consumer["pending"]) for consumer in consumers), reverse=True)
+
+
+def partitions_by_member(broker_url: str, model: str) -> list[int]:
+    """Partitions each member of ``model``'s worker group holds, most first; [] while the
+    group is not stable (joining or rebalancing)."""
+    settings = KafkaSettings.from_url(broker_url)
+    group = settings.namespace + channels.worker_group(model)
+    admin = KafkaAdminClient(bootstrap_servers=list(settings.bootstrap))
+    try:
+        described = admin.describe_groups([group])[group]
+    finally:
+        admin.close()
+    if described.get("group_state") != "Stable":
+        return []
+    held = []
+    for member in described.get("members", []):
+        assignment = member.get("member_assignment") or {}
+        held.append(sum(len(topic["partitions"]) for topic in assignment.get("assigned_partitions", [])))
+    return sorted(held, reverse=True)

@@ -148,6 +148,11 @@ class KafkaServer:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int:
+        assert self._process is not None, "the broker is not started"
+        return self._process.pid
+
+    @property
     def log_path(self) -> Path:
         """The broker's log; read it when a test fails. Gone after ``stop``."""
         assert self._dir is not None, "the broker is not started"
