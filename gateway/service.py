@@ -82,9 +82,10 @@ class InferenceService:
         async with self._limits.admission(request.model, config):
             await self._transport.publish(channel, encode_request(request), key=_key(request))
 
-def _key(request: Request) -> str:
-    """The partition key: a sequence stays on one partition (Kafka), else the id spreads the load."""
-    return str(request.sequence_id) if request.sequence_id is not None else request.id
+def _key(request: Request) -> str | None:
+    """The partition key: a sequence stays on one partition (Kafka); other
+    requests go without one, so the transport spreads them evenly."""
+    return str(request.sequence_id) if request.sequence_id is not None else None
 
 
 def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, request_id: str,

@@ -28,6 +28,9 @@ Where Kafka differs from Redis Streams, and what this transport does:
 - ``fetch_first`` serves the first channel that has something *buffered*;
   records already fetched from a later channel can go out before an earlier
   channel's records that have not yet been fetched.
+- A message published without a key goes to the topic's partitions in turn
+  (round robin), so work without affinity spreads evenly over the group's
+  members; a key picks the partition by its hash, as Kafka's producers do.
 - ``fetch`` with no timeout first waits (up to ``catch_up_timeout_s``) for the
   member to join its group and read up to the end offsets, so "what is
   there now" includes what was published just before.
@@ -77,7 +80,8 @@ class KafkaTransport:
         self._producer: KafkaProducer | None = None
         self._members: dict[tuple[str, str], GroupMember] = {}
         self._topics: set[str] = set()
-        self._warm: set[str] = set()
+        self._warm: dict[str, tuple[int, ...]] = {}  # topic -> its partitions, once the producer knows them
+        self._turns: dict[str, int] = {}
         self._closed = False
 
     async def __aenter__(self) -> KafkaTransport:
@@ -203,7 +207,8 @@ class KafkaTransport:
             if topic not in self._warm:
                 # The first send to a topic waits for its metadata; later ones only append to a buffer.
                 await self._blocking(self._warm_up, topic)
-            sent = self._producer_client().send(topic, value=bytes(payload), key=key, headers=list(headers))
+            sent = self._producer_client().send(topic, value=bytes(payload), key=key, headers=list(headers),
+                                                partition=None if key is not None else self._next_partition(topic))
             sent.add_callback(lambda metadata: _settle(loop, done, metadata, None))
             sent.add_errback(lambda error: _settle(loop, done, None, error))
             metadata = await done
@@ -212,8 +217,15 @@ class KafkaTransport:
     def _warm_up(self, topic: str) -> None:
         with self._admin_lock:  # one producer, however many sends race to make it
             producer = self._producer_client()
-        producer.partitions_for(topic)
-        self._warm.add(topic)
+        self._warm[topic] = tuple(sorted(producer.partitions_for(topic) or ()))
+
+    def _next_partition(self, topic: str) -> int | None:
+        partitions = self._warm.get(topic)
+        if not partitions:
+            return None
+        turn = self._turns.get(topic, 0)
+        self._turns[topic] = turn + 1
+        return partitions[turn % len(partitions)]
 
     def _producer_client(self) -> KafkaProducer:
         if self._producer is None:

@@ -134,6 +134,15 @@ async def test_members_of_a_group_split_the_partitions(kafka_bootstrap: str):
     assert {d.message_id.split("-")[0] for d in seen["a"]}.isdisjoint(d.message_id.split("-")[0] for d in seen["b"])
 
 
+async def test_unkeyed_messages_go_round_the_partitions_and_a_key_keeps_to_one(kafka_bootstrap: str):
+    async with KafkaTransport(settings(kafka_bootstrap, partitions=4)) as transport:
+        unkeyed = [await transport.publish("c", f"m{n}".encode()) for n in range(8)]
+        keyed = [await transport.publish("c", f"s{n}".encode(), key="sequence-7") for n in range(6)]
+    partitions = [message_id.split("-")[0] for message_id in unkeyed]
+    assert sorted(partitions) == sorted(["0", "1", "2", "3"] * 2), partitions
+    assert len({message_id.split("-")[0] for message_id in keyed}) == 1, keyed
+
+
 async def test_a_member_that_stops_fetching_keeps_its_partitions(kafka_bootstrap: str):
     config = settings(kafka_bootstrap, partitions=1, max_poll_interval_ms=1_000, buffer_records=1)
     async with KafkaTransport(config) as transport:
