@@ -37,7 +37,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the pat
 from benchmarks import cpu, fleet_procs, sleep_model  # noqa: E402
 from benchmarks.fleet_procs import Broker, Fleet  # noqa: E402
 from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load  # noqa: E402
-from benchmarks.server import HOST, copy_model, ferry_server  # noqa: E402
+from benchmarks.server import copy_model, ferry_server  # noqa: E402
 from benchmarks.sleep_model import BatchCount, SleepModel  # noqa: E402
 from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
 

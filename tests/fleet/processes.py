@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import redis
 
@@ -131,17 +131,17 @@ class Gateway(FerryProcess):
             return 0
 
 
-class Fleet:
-    """Starts gateways and workers on ``repository`` over ``broker_url``; stops them all on exit."""
+class ProcessFleet:
+    """Starts gateways and workers on ``repository`` over ``broker_url``; stops them all on exit.
+    Subclasses say how to see a worker's heartbeat on their broker."""
 
     def __init__(self, broker_url: str, repository: Path, log_dir: Path) -> None:
         self.broker_url = broker_url
         self.repository = repository
         self.log_dir = log_dir
-        self.redis = redis.Redis.from_url(broker_url)
         self.processes: list[FerryProcess] = []
 
-    def __enter__(self) -> Fleet:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -156,7 +156,6 @@ class Fleet:
                 process.stop()
             except Exception as exc:  # keep stopping the others
                 failures.append(exc)
-        self.redis.close()
         if failures:
             raise failures[0]
 
@@ -172,7 +171,7 @@ class Fleet:
         return gateway
 
     def worker(self, worker_id: str, *extra: str, wait: bool = True) -> FerryProcess:
-        """Start a worker; with ``wait``, return once its heartbeat is in Redis
+        """Start a worker; with ``wait``, return once its heartbeat is seen
         (it heartbeats only after its models are loaded)."""
         name = f"worker-{worker_id}-{len(self.processes)}"
         worker = FerryProcess(name, self._command("worker", "--worker-id", worker_id, *extra),
@@ -183,8 +182,7 @@ class Fleet:
         return worker
 
     def wait_heartbeat(self, worker_id: str, worker: FerryProcess) -> None:
-        key = channels.heartbeat_key(worker_id)
-        wait_for(lambda: bool(self.redis.exists(key)), START_TIMEOUT_S, f"heartbeat {key}", worker)
+        raise NotImplementedError
 
     def wait_model_ready(self, gateway: Gateway, model: str, timeout_s: float = START_TIMEOUT_S) -> None:
         wait_for(lambda: gateway.status(f"/v2/models/{model}/ready") == 200, timeout_s,
@@ -192,6 +190,28 @@ class Fleet:
 
     def describe(self) -> str:
         return "\n".join(process.describe() for process in self.processes)
+
+    def _command(self, role: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "gateway.cli", role, "--broker", self.broker_url,
+                "--model-repository", str(self.repository), "--log-format", "json", *extra]
+
+
+class Fleet(ProcessFleet):
+    """A fleet over Redis, and what it left there."""
+
+    def __init__(self, broker_url: str, repository: Path, log_dir: Path) -> None:
+        super().__init__(broker_url, repository, log_dir)
+        self.redis = redis.Redis.from_url(broker_url)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.redis.close()
+
+    def wait_heartbeat(self, worker_id: str, worker: FerryProcess) -> None:
+        key = channels.heartbeat_key(worker_id)
+        wait_for(lambda: bool(self.redis.exists(key)), START_TIMEOUT_S, f"heartbeat {key}", worker)
 
     # --- what the fleet left in Redis -----------------------------------
 
@@ -222,10 +242,6 @@ class Fleet:
 
     def reply_streams(self) -> list[str]:
         return sorted(_text(key) for key in self.redis.scan_iter(match=channels.reply_channel("*")))
-
-    def _command(self, role: str, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "gateway.cli", role, "--broker", self.broker_url,
-                "--model-repository", str(self.repository), "--log-format", "json", *extra]
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str,

@@ -2,8 +2,7 @@
 as the outside producer and consumer.
 
     with KafkaFleet(bootstrap, repository, tmp_path) as fleet:
-        worker = fleet.worker("w1")
-        fleet.wait_worker(worker)            # its heartbeat is on the topic
+        worker = fleet.worker("w1")          # returns once its heartbeat is on the topic
         fleet.kcat.produce(fleet.topic("ferry.add_sub.requests"), body, key="r1",
                            headers={"content-type": "application/json", "reply-to": "my.replies"})
         [reply] = fleet.kcat.consume(fleet.topic("my.replies"), count=1)
@@ -17,18 +16,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import msgpack
 
 from broker import channels
-from tests.fleet.processes import START_TIMEOUT_S, FerryProcess, Gateway, wait_for
-from tests.servers import free_port
+from tests.fleet.processes import START_TIMEOUT_S, FerryProcess, Gateway, ProcessFleet, wait_for
 
 __all__ = ["FerryProcess", "Gateway", "Kcat", "KafkaFleet", "Record", "wait_for"]
 
@@ -150,73 +146,23 @@ class Kcat:
         return done.stdout if done.returncode == 0 else b""  # not 0: no such topic (yet)
 
 
-class KafkaFleet:
-    """Gateways and workers on ``repository`` over the broker at ``bootstrap``; all stopped on exit."""
+class KafkaFleet(ProcessFleet):
+    """Gateways and workers on ``repository`` over the broker at ``bootstrap``, in a
+    namespace of their own; all stopped on exit."""
 
     def __init__(self, bootstrap: str, repository: Path, log_dir: Path, query: str = "") -> None:
-        self.bootstrap = bootstrap
         self.namespace = f"t{uuid.uuid4().hex[:8]}."
         extra = f"&{query}" if query else ""
-        self.broker_url = f"kafka://{bootstrap}?namespace={self.namespace}{extra}"
-        self.repository = repository
-        self.log_dir = log_dir
+        super().__init__(f"kafka://{bootstrap}?namespace={self.namespace}{extra}", repository, log_dir)
+        self.bootstrap = bootstrap
         self.kcat = Kcat(bootstrap)
-        self.processes: list[FerryProcess] = []
-
-    def __enter__(self) -> KafkaFleet:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        failures = []
-        for process in self.processes:
-            try:
-                process.stop()
-            except Exception as exc:  # keep stopping the others
-                failures.append(exc)
-        if failures:
-            raise failures[0]
 
     def topic(self, channel: str) -> str:
         """A channel's topic on the cluster."""
         return self.namespace + channel
-
-    def gateway(self, *extra: str) -> Gateway:
-        """Start a gateway and wait until it answers ``/v2/health/live``."""
-        port = free_port()
-        name = f"gateway-{len(self.processes)}"
-        gateway = Gateway(name, self._command("gateway", "--http-port", str(port), "--host", "127.0.0.1",
-                                              *extra), self.log_dir / f"{name}.log", port)
-        self.processes.append(gateway)
-        wait_for(lambda: gateway.status("/v2/health/live") == 200, START_TIMEOUT_S,
-                 f"gateway on port {port} to go live", gateway)
-        return gateway
-
-    def worker(self, worker_id: str, *extra: str) -> FerryProcess:
-        name = f"worker-{worker_id}-{len(self.processes)}"
-        worker = FerryProcess(name, self._command("worker", "--worker-id", worker_id, *extra),
-                              self.log_dir / f"{name}.log")
-        self.processes.append(worker)
-        return worker
 
     def wait_heartbeat(self, worker_id: str, worker: FerryProcess, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until a heartbeat of ``worker_id`` is on the heartbeat topic (it beats once its models are loaded)."""
         topic = self.topic(channels.heartbeat_channel())
         wait_for(lambda: any(key == worker_id for _, key in self.kcat.read_keys(topic)), timeout_s,
                  f"a heartbeat of {worker_id} on {topic}", worker, interval_s=0.2)
-
-    def wait_model_ready(self, gateway: Gateway, model: str, timeout_s: float = START_TIMEOUT_S) -> None:
-        wait_for(lambda: gateway.status(f"/v2/models/{model}/ready") == 200, timeout_s,
-                 f"model {model} ready on {gateway.url}", gateway)
-
-    def describe(self) -> str:
-        return "\n".join(process.describe() for process in self.processes)
-
-    def _command(self, role: str, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "gateway.cli", role, "--broker", self.broker_url,
-                "--model-repository", str(self.repository), "--log-format", "json", *extra]
-

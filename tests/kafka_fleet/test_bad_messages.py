@@ -5,9 +5,6 @@ worker keeps consuming, and a good request after them all is answered."""
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -16,7 +13,6 @@ import pytest
 from broker import channels
 from tests.kafka_fleet.processes import FerryProcess, KafkaFleet, Record, wait_for
 
-MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"
 MODEL = "add_sub"
 REQUESTS = channels.request_channel(MODEL)
 GARBAGE = b"\x00\xc1\xffnot json, not msgpack{"
@@ -24,18 +20,13 @@ SETTLE_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaFleet]:
-    root = tmp_path_factory.mktemp("bad-messages")
-    shutil.copytree(MODEL_REPO / MODEL, root / "repo" / MODEL)
-    with KafkaFleet(kafka_bootstrap, root / "repo", root) as started:
-        worker = started.worker("w1", "--models", MODEL)
-        started.wait_heartbeat("w1", worker)
-        yield started
+def fleet(add_sub_fleet: KafkaFleet) -> KafkaFleet:
+    return add_sub_fleet
 
 
 @pytest.fixture(scope="module")
-def worker(fleet: KafkaFleet) -> FerryProcess:
-    return fleet.processes[0]
+def worker(add_sub_worker: FerryProcess) -> FerryProcess:
+    return add_sub_worker
 
 
 def body(shape: tuple[int, int] = (1, 16)) -> bytes:

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fleet.processes import FerryProcess, Gateway, wait_for
+from tests.kafka_fleet.processes import KafkaFleet
 from tests.redis_server import flushdb
-from tests.servers import free_port
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"
 BODY = json.dumps({
@@ -26,44 +24,11 @@ BODY = json.dumps({
 }).encode()
 
 
-class Processes:
-    def __init__(self, broker: str, repository: Path, logs: Path) -> None:
-        self.broker, self.repository, self.logs = broker, repository, logs
-        self.started: list[FerryProcess] = []
-
-    def _command(self, role: str, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "gateway.cli", role, "--broker", self.broker,
-                "--model-repository", str(self.repository), "--log-format", "json", *extra]
-
-    def gateway(self, *extra: str) -> Gateway:
-        port = free_port()
-        name = f"gateway-{len(self.started)}"
-        gateway = Gateway(name, self._command("gateway", "--http-port", str(port), "--host", "127.0.0.1", *extra),
-                          self.logs / f"{name}.log", port)
-        self.started.append(gateway)
-        return gateway
-
-    def worker(self, *extra: str) -> FerryProcess:
-        name = f"worker-{len(self.started)}"
-        worker = FerryProcess(name, self._command("worker", "--models", "add_sub", *extra), self.logs / f"{name}.log")
-        self.started.append(worker)
-        return worker
-
-    def stop(self) -> None:
-        for process in self.started:
-            process.stop()
-
-
 @pytest.fixture
-def processes(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Processes]:
+def fleet(kafka_bootstrap: str, tmp_path: Path) -> Iterator[KafkaFleet]:
     shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "repo" / "add_sub")
-    # Topics and groups of their own, so tests sharing the broker never meet.
-    namespace = f"t{uuid.uuid4().hex[:8]}."
-    started = Processes(f"kafka://{kafka_bootstrap}?namespace={namespace}", tmp_path / "repo", tmp_path)
-    try:
+    with KafkaFleet(kafka_bootstrap, tmp_path / "repo", tmp_path) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def post(gateway: Gateway, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -89,15 +54,15 @@ def ready(gateway: Gateway, worker: FerryProcess) -> None:
     wait_for(lambda: gateway.status("/v2/models/add_sub/ready") == 200, 90, "add_sub ready", worker)
 
 
-def test_a_job_stored_in_redis_is_answered_by_another_gateway(processes: Processes, redis_url: str):
+def test_a_job_stored_in_redis_is_answered_by_another_gateway(fleet: KafkaFleet, redis_url: str):
     flushdb(redis_url)
     store = ("--job-store", redis_url)
-    first, worker = processes.gateway(*store), processes.worker(*store)
+    first, worker = fleet.gateway(*store), fleet.worker("w1", "--models", "add_sub", *store)
     ready(first, worker)
     status, headers, accepted = post(first, {"Prefer": "respond-async"})
     assert status == 202 and headers["location"].startswith("/v2/jobs/")
     job_id = json.loads(accepted)["job_id"]
-    second = processes.gateway(*store)
+    second = fleet.gateway(*store)
     ready(second, worker)
     finished = poll(second, job_id)
     _, _, synchronous = post(second, {})
@@ -106,8 +71,8 @@ def test_a_job_stored_in_redis_is_answered_by_another_gateway(processes: Process
     assert outputs["OUTPUT0"] == [v + 2.0 for v in range(16)]
 
 
-def test_without_a_job_store_the_gateway_that_took_a_job_answers_it(processes: Processes):
-    gateway, worker = processes.gateway(), processes.worker()
+def test_without_a_job_store_the_gateway_that_took_a_job_answers_it(fleet: KafkaFleet):
+    gateway, worker = fleet.gateway(), fleet.worker("w1", "--models", "add_sub")
     ready(gateway, worker)
     status, _, accepted = post(gateway, {"Prefer": "respond-async"})
     assert status == 202

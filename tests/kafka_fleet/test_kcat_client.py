@@ -5,10 +5,7 @@ from the topic it named in ``reply-to``, keyed and headed as the README says."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,24 +14,18 @@ from broker import channels
 from broker.envelope import Request, WireTensor, decode_response, encode_request
 from tests.kafka_fleet.processes import FerryProcess, KafkaFleet, Record, wait_for
 
-MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"
 MODEL = "add_sub"
 JSON_HEADERS = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaFleet]:
-    root = tmp_path_factory.mktemp("kcat-client")
-    shutil.copytree(MODEL_REPO / MODEL, root / "repo" / MODEL)
-    with KafkaFleet(kafka_bootstrap, root / "repo", root) as started:
-        worker = started.worker("w1", "--models", MODEL)
-        started.wait_heartbeat("w1", worker)
-        yield started
+def fleet(add_sub_fleet: KafkaFleet) -> KafkaFleet:
+    return add_sub_fleet
 
 
 @pytest.fixture(scope="module")
-def worker(fleet: KafkaFleet) -> FerryProcess:
-    return fleet.processes[0]
+def worker(add_sub_worker: FerryProcess) -> FerryProcess:
+    return add_sub_worker
 
 
 def inputs(index: int) -> tuple[list[float], list[float]]:

@@ -31,8 +31,6 @@ def test_a_worker_killed_mid_run_loses_no_request_and_answers_each_once(kafka_bo
         create_topic(kafka_bootstrap, request_topic, PARTITIONS)
         gateway = fleet.gateway()
         workers = {worker_id: fleet.worker(worker_id, *WORKER_OPTIONS) for worker_id in ("w1", "w2")}
-        for worker_id, worker in workers.items():
-            fleet.wait_heartbeat(worker_id, worker)
         fleet.wait_model_ready(gateway, MODEL)
 
         clients = Clients(gateway.url)
@@ -45,7 +43,7 @@ def test_a_worker_killed_mid_run_loses_no_request_and_answers_each_once(kafka_bo
                 workers["w1"].kill()
                 answered_at_kill = clients.count()
                 time.sleep(RESTART_AFTER_S)
-                fleet.worker("w1", *WORKER_OPTIONS)
+                fleet.worker("w1", *WORKER_OPTIONS, wait=False)
                 for run in runs:
                     run.result(timeout=90.0)
             finally:
