@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from broker import channels
 from broker.envelope import Request, Response, WireTensor, decode_request, decode_response, encode_request
 from broker.transports.redis import PAYLOAD_FIELD
-from tests.fleet.processes import Fleet, FerryProcess, Gateway, wait_for
+from tests.fleet.processes import Fleet, FerryProcess, Gateway, ProcessFleet, wait_for
 from tests.models import poison_error, recorded_values, write_recording_model
 from tests.redis_server import flushdb
 
@@ -75,6 +75,37 @@ def assert_all_acked(fleet: Fleet) -> None:
 # --- a model that raises ------------------------------------------------------
 
 
+def infer_poison_among_good(gateway: Gateway) -> tuple[InferenceServerException, dict[int, np.ndarray]]:
+    """The poison and the good values at once; (the poison's error, each good value's answer)."""
+    with ThreadPoolExecutor(1 + len(GOOD_VALUES)) as pool:
+        poisoned = pool.submit(infer_error, gateway, POISON)
+        good = {value: pool.submit(infer, gateway, value) for value in GOOD_VALUES}
+        error = poisoned.result(timeout=CLIENT_TIMEOUT_S)
+        answers = {value: future.result(timeout=CLIENT_TIMEOUT_S) for value, future in good.items()}
+    return error, answers
+
+
+def assert_poison_failed_max_deliveries_times(error: InferenceServerException, answers: dict[int, np.ndarray],
+                                              record: Path, fleet: ProcessFleet) -> None:
+    assert error.status() == "500", f"{error}\n{fleet.describe()}"
+    assert poison_error(POISON) in error.message() and "dead-letter" in error.message(), error.message()
+    assert {value: output.tolist() for value, output in answers.items()} == {v: [2 * v] for v in GOOD_VALUES}
+    computed = recorded_values(record)
+    assert computed.count(POISON) == MAX_DELIVERIES, f"{computed}\n{fleet.describe()}"
+    assert sorted(v for v in computed if v != POISON) == list(GOOD_VALUES), computed
+
+
+def assert_poison_letter(letter: object) -> Request:
+    """A dead letter for the poison, tried MAX_DELIVERIES times; the request it carries."""
+    assert isinstance(letter, dict) and letter["kind"] == "dead_letter", letter
+    assert letter["attempts"] == MAX_DELIVERIES and letter["channel"] == REQUEST_STREAM, letter
+    assert poison_error(POISON) in letter["reason"], letter["reason"]
+    request = decode_request(letter["payload"])
+    [tensor] = request.inputs
+    assert np.frombuffer(tensor.data, dtype="<i4").tolist() == [POISON]
+    return request
+
+
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
 def test_a_request_the_model_fails_on_is_dead_lettered_after_max_deliveries(
     redis_url: str, tmp_path: Path, record: Path, workers: int,
@@ -86,29 +117,14 @@ def test_a_request_the_model_fails_on_is_dead_lettered_after_max_deliveries(
             fleet.worker(f"w{index}", *RETRYING)
         fleet.wait_model_ready(gateway, MODEL)
 
-        with ThreadPoolExecutor(1 + len(GOOD_VALUES)) as pool:
-            poisoned = pool.submit(infer_error, gateway, POISON)
-            good = {value: pool.submit(infer, gateway, value) for value in GOOD_VALUES}
-            error = poisoned.result(timeout=CLIENT_TIMEOUT_S)
-            answers = {value: future.result(timeout=CLIENT_TIMEOUT_S) for value, future in good.items()}
+        error, answers = infer_poison_among_good(gateway)
 
-        assert error.status() == "500", f"{error}\n{fleet.describe()}"
-        assert poison_error(POISON) in error.message() and "dead-letter" in error.message(), error.message()
-        for value, output in answers.items():
-            assert output.tolist() == [2 * value], (value, output)
-        computed = recorded_values(record)
-        assert computed.count(POISON) == MAX_DELIVERIES, f"{computed}\n{fleet.describe()}"
-        assert sorted(v for v in computed if v != POISON) == list(GOOD_VALUES), computed
-
+        assert_poison_failed_max_deliveries_times(error, answers, record, fleet)
         [letter] = dead_letters(fleet)
-        assert letter["kind"] == "dead_letter" and letter["attempts"] == MAX_DELIVERIES, letter
-        assert letter["channel"] == REQUEST_STREAM
-        assert poison_error(POISON) in letter["reason"], letter["reason"]
-        request = decode_request(letter["payload"])
+        request = assert_poison_letter(letter)
         assert request.model == MODEL and request.id
         [tensor] = request.inputs
         assert (tensor.name, tensor.datatype, tensor.shape) == ("INPUT0", "INT32", (1,))
-        assert np.frombuffer(tensor.data, dtype="<i4").tolist() == [POISON]
         assert_all_acked(fleet)
 
 

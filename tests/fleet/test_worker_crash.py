@@ -6,14 +6,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import tritonclient.http as httpclient
 
 from broker import channels
-from tests.fleet.processes import Fleet, wait_for
+from tests.fleet.processes import Fleet, Gateway, ProcessFleet, wait_for
 from tests.models import write_python_model
 from tests.redis_server import flushdb
 
@@ -50,6 +52,7 @@ KILL_AFTER = REQUESTS // 3
 RESTART_AFTER_S = 0.5
 ACK_GRACE_S = 5.0
 WORKER_OPTIONS = ("--claim-idle-s", "1.0", "--claim-interval-s", "0.25", "--heartbeat-s", "0.5")
+T = TypeVar("T")
 
 
 def inputs_for(index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,6 +115,38 @@ class Clients:
         return ""
 
 
+def run_with_a_kill(clients: Clients, gateway: Gateway, kill: Callable[[], T],
+                    restart: Callable[[], object]) -> tuple[int, T, float]:
+    """Every request from ``CLIENTS`` threads; once ``KILL_AFTER`` are answered,
+    ``kill()``, and ``restart()`` ``RESTART_AFTER_S`` later. Returns the
+    answers counted just after the kill, what ``kill`` returned, and the
+    seconds the whole run took."""
+    started = time.monotonic()
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        runs = [pool.submit(clients.run) for _ in range(CLIENTS)]
+        try:
+            wait_for(lambda: clients.count() >= KILL_AFTER or any(run.done() for run in runs), 60.0,
+                     f"{KILL_AFTER} answers", gateway)
+            killed = kill()
+            answered_at_kill = clients.count()
+            time.sleep(RESTART_AFTER_S)
+            restart()
+            for run in runs:
+                run.result(timeout=90.0)
+        finally:
+            clients.stop()  # on failure, leave the requests not sent yet unsent
+    return answered_at_kill, killed, time.monotonic() - started
+
+
+def assert_each_answered_once_and_right(clients: Clients, answered_at_kill: int, fleet: ProcessFleet) -> None:
+    assert KILL_AFTER <= answered_at_kill < REQUESTS, f"killed after {answered_at_kill} answers"
+    assert all(calls == 1 for calls in clients.calls.values()) and len(clients.calls) == REQUESTS
+    wrong = {index: verdict for index, verdict in clients.answered.items() if verdict}
+    assert len(clients.answered) == REQUESTS and not wrong, (
+        f"{len(wrong)} wrong answers, e.g. {list(wrong.items())[:5]}\n{fleet.describe()}"
+    )
+
+
 def test_a_worker_killed_mid_run_loses_and_repeats_no_answer(redis_url: str, tmp_path: Path):
     flushdb(redis_url)
     repo = tmp_path / "repo"
@@ -121,33 +156,18 @@ def test_a_worker_killed_mid_run_loses_and_repeats_no_answer(redis_url: str, tmp
         workers = {worker_id: fleet.worker(worker_id, *WORKER_OPTIONS) for worker_id in ("w1", "w2")}
         fleet.wait_model_ready(gateway, MODEL)
 
-        clients = Clients(gateway.url)
-        started = time.monotonic()
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            runs = [pool.submit(clients.run) for _ in range(CLIENTS)]
-            try:
-                wait_for(lambda: clients.count() >= KILL_AFTER or any(run.done() for run in runs), 60.0,
-                         f"{KILL_AFTER} answers", gateway)
-                # Kill whichever worker holds more work, so the kill surely strands some.
-                victim = max(workers, key=lambda worker_id: fleet.pending(MODEL, worker_id))
-                workers[victim].kill()
-                answered_at_kill = clients.count()
-                stranded = fleet.pending_ids(MODEL, victim)
-                time.sleep(RESTART_AFTER_S)
-                fleet.worker("w3", *WORKER_OPTIONS)
-                for run in runs:
-                    run.result(timeout=90.0)
-            finally:
-                clients.stop()  # on failure, leave the requests not sent yet unsent
-        elapsed = time.monotonic() - started
+        def kill() -> tuple[str, list[str]]:
+            # Kill whichever worker holds more work, so the kill surely strands some.
+            victim = max(workers, key=lambda worker_id: fleet.pending(MODEL, worker_id))
+            workers[victim].kill()
+            return victim, fleet.pending_ids(MODEL, victim)
 
-        assert KILL_AFTER <= answered_at_kill < REQUESTS, f"killed after {answered_at_kill} answers"
+        clients = Clients(gateway.url)
+        answered_at_kill, (victim, stranded), elapsed = run_with_a_kill(
+            clients, gateway, kill, lambda: fleet.worker("w3", *WORKER_OPTIONS))
+
         assert stranded, f"{victim} held no pending work when it was killed"
-        assert all(calls == 1 for calls in clients.calls.values()) and len(clients.calls) == REQUESTS
-        wrong = {index: verdict for index, verdict in clients.answered.items() if verdict}
-        assert len(clients.answered) == REQUESTS and not wrong, (
-            f"{len(wrong)} wrong answers, e.g. {list(wrong.items())[:5]}\n{fleet.describe()}"
-        )
+        assert_each_answered_once_and_right(clients, answered_at_kill, fleet)
         assert_each_request_published_once_and_acked(fleet, stranded)
         survivors = [p for p in fleet.processes if p.name.startswith("worker-") and p.running()]
         claimed = [e for p in survivors for e in p.log_events() if e.get("event") == "worker.claimed"]

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from broker import channels
-from broker.envelope import decode_request
 from tests.fleet.test_poison import (
-    CLIENT_TIMEOUT_S, CRASH_DELIVERIES, CRASH_OPTIONS, GOOD_VALUES, MAX_DELIVERIES, MODEL, POISON, RETRYING, infer,
-    infer_error, repository,
+    CRASH_DELIVERIES, CRASH_OPTIONS, GOOD_VALUES, MAX_DELIVERIES, MODEL, POISON, RETRYING,
+    assert_poison_failed_max_deliveries_times, assert_poison_letter, infer_poison_among_good, repository,
 )  # fmt: skip
 from tests.kafka_fleet.processes import KafkaFleet
-from tests.models import poison_error, recorded_values
+from tests.models import recorded_values
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
@@ -36,26 +33,11 @@ def test_a_request_the_model_fails_on_goes_to_the_dead_letter_topic_after_max_de
             fleet.worker(f"w{index}", *RETRYING)
         fleet.wait_model_ready(gateway, MODEL)
 
-        with ThreadPoolExecutor(1 + len(GOOD_VALUES)) as pool:
-            poisoned = pool.submit(infer_error, gateway, POISON)
-            good = {value: pool.submit(infer, gateway, value) for value in GOOD_VALUES}
-            error = poisoned.result(timeout=CLIENT_TIMEOUT_S)
-            answers = {value: future.result(timeout=CLIENT_TIMEOUT_S) for value, future in good.items()}
+        error, answers = infer_poison_among_good(gateway)
 
-        assert error.status() == "500", f"{error}\n{fleet.describe()}"
-        assert poison_error(POISON) in error.message() and "dead-letter" in error.message(), error.message()
-        assert {value: output.tolist() for value, output in answers.items()} == {v: [2 * v] for v in GOOD_VALUES}
-        computed = recorded_values(record)
-        assert computed.count(POISON) == MAX_DELIVERIES, f"{computed}\n{fleet.describe()}"
-        assert sorted(v for v in computed if v != POISON) == list(GOOD_VALUES), computed
-
+        assert_poison_failed_max_deliveries_times(error, answers, record, fleet)
         [letter] = fleet.kcat.read_msgpack(fleet.topic(channels.dead_letter_channel()))
-        assert isinstance(letter, dict) and letter["kind"] == "dead_letter", letter
-        assert letter["attempts"] == MAX_DELIVERIES and letter["channel"] == channels.request_channel(MODEL)
-        assert poison_error(POISON) in letter["reason"], letter["reason"]
-        request = decode_request(letter["payload"])
-        [tensor] = request.inputs
-        assert np.frombuffer(tensor.data, dtype="<i4").tolist() == [POISON]
+        request = assert_poison_letter(letter)
         # The first delivery and each re-publication are on the request topic: MAX_DELIVERIES copies in all.
         on_topic = fleet.kcat.read_msgpack(fleet.topic(channels.request_channel(MODEL)))
         ids = [envelope["id"] for envelope in on_topic if isinstance(envelope, dict)]

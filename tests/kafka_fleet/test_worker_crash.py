@@ -4,21 +4,18 @@ the committed offsets; every request is answered once, correctly."""
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker import channels
 from tests.fleet.test_worker_crash import (
-    CLIENTS, KILL_AFTER, MODEL, REQUESTS, SLOW_ADD_SUB, SLOW_ADD_SUB_CONFIG, Clients,
+    MODEL, REQUESTS, SLOW_ADD_SUB, SLOW_ADD_SUB_CONFIG, Clients, assert_each_answered_once_and_right, run_with_a_kill,
 )  # fmt: skip
-from tests.kafka_fleet.processes import KafkaFleet, wait_for
+from tests.kafka_fleet.processes import KafkaFleet
 from tests.kafka_server import create_topic
 from tests.models import write_python_model
 
 # The broker's floor (group.min.session.timeout.ms): a dead member's partitions move after this.
 SESSION_TIMEOUT_MS = 6_000
-RESTART_AFTER_S = 0.5
 PARTITIONS = 4
 WORKER_OPTIONS = ("--models", MODEL, "--heartbeat-s", "0.5")
 
@@ -34,28 +31,10 @@ def test_a_worker_killed_mid_run_loses_no_request_and_answers_each_once(kafka_bo
         fleet.wait_model_ready(gateway, MODEL)
 
         clients = Clients(gateway.url)
-        started = time.monotonic()
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            runs = [pool.submit(clients.run) for _ in range(CLIENTS)]
-            try:
-                wait_for(lambda: clients.count() >= KILL_AFTER or any(run.done() for run in runs), 60.0,
-                         f"{KILL_AFTER} answers", gateway)
-                workers["w1"].kill()
-                answered_at_kill = clients.count()
-                time.sleep(RESTART_AFTER_S)
-                fleet.worker("w1", *WORKER_OPTIONS, wait=False)
-                for run in runs:
-                    run.result(timeout=90.0)
-            finally:
-                clients.stop()  # on failure, leave the requests not sent yet unsent
-        elapsed = time.monotonic() - started
+        answered_at_kill, _, elapsed = run_with_a_kill(
+            clients, gateway, workers["w1"].kill, lambda: fleet.worker("w1", *WORKER_OPTIONS, wait=False))
 
-        assert KILL_AFTER <= answered_at_kill < REQUESTS, f"killed after {answered_at_kill} answers"
-        assert all(calls == 1 for calls in clients.calls.values()) and len(clients.calls) == REQUESTS
-        wrong = {index: verdict for index, verdict in clients.answered.items() if verdict}
-        assert len(clients.answered) == REQUESTS and not wrong, (
-            f"{len(wrong)} wrong answers, e.g. {list(wrong.items())[:5]}\n{fleet.describe()}"
-        )
+        assert_each_answered_once_and_right(clients, answered_at_kill, fleet)
         assert fleet.kcat.partitions(request_topic) == PARTITIONS
         assert len(fleet.kcat.read_keys(request_topic)) == REQUESTS  # nothing released or re-published
         assert fleet.kcat.read_keys(fleet.topic(channels.dead_letter_channel())) == []
