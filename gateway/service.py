@@ -82,6 +82,7 @@ class InferenceService:
         async with self._limits.admission(request.model, config):
             await self._transport.publish(channel, encode_request(request), key=_key(request))
 
+
 def _key(request: Request) -> str | None:
     """The partition key: a sequence stays on one partition (Kafka); other
     requests go without one, so the transport spreads them evenly."""

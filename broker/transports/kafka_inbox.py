@@ -168,6 +168,7 @@ class Inbox:
         added = 0
         with self._lock:
             for record in records:
+                # A partition never opened (the member opens each first) counts nothing and holds nothing back.
                 ledger = self._ledgers.setdefault(record.key, _Ledger())
                 if record.offset in ledger.states:
                     continue  # fetched again after a seek: the first copy stands
