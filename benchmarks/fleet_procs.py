@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from kafka import KafkaAdminClient
 
 from benchmarks.server import HOST, ServerError, free_port, log_tail, spawn_ferry, stop_process, wait_ready
 from broker import channels
+from broker.transports.kafka_api import KafkaAdminClient
 from broker.transports.kafka_settings import KafkaSettings
 from tests.kafka_server import KafkaServer
 from tests.redis_server import RedisServer, flushdb
