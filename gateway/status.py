@@ -14,6 +14,7 @@ _BY_CODE = {
     "unavailable": 503,
     "resource_exhausted": 503,
     "timeout": 504,
+    "session_lost": 410,
     "internal": 500,
 }
 

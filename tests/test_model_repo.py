@@ -14,11 +14,14 @@ import onnxruntime as ort
 import pytest
 
 from tests.models import GENERATOR_PATH, IDENTITY_DATATYPES, generator, write_add_sub, write_identity_model
-from workers.config import parse_config_file
+from workers.config import ModelConfig, parse_config_file
 from workers.datatypes import numpy_dtype
 
 MODEL_REPO = GENERATOR_PATH.parent
-MODELS = ("add_sub", "cnn", "text_stats")
+MODELS = ("add_sub", "cnn", "stateful_gru", "text_stats")
+# Stateful models batch through the sequence batcher, the rest dynamically.
+BATCHING = {"stateful_gru": "sequence_batching"}
+GRU_PATH = MODEL_REPO / "stateful_gru" / "1" / "model.onnx"
 
 
 def generated_files(root: Path) -> dict[str, bytes]:
@@ -42,6 +45,11 @@ def import_file(path: Path) -> ModuleType:
     return module
 
 
+def batching(config: ModelConfig, field: str) -> Any:
+    """``field`` as parsed, whether ModelConfig models it or keeps it as an extra."""
+    return getattr(config, field, None) or config.extras.get(field)
+
+
 def test_generate_reproduces_the_committed_files_byte_for_byte(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(GENERATOR_PATH), "--out", str(tmp_path)], check=True, capture_output=True)
     fresh, committed = generated_files(tmp_path), generated_files(MODEL_REPO)
@@ -54,7 +62,7 @@ def test_generate_reproduces_the_committed_files_byte_for_byte(tmp_path: Path) -
 def test_committed_configs_validate(model: str) -> None:
     config = parse_config_file(MODEL_REPO / model / "config.pbtxt")
     assert config.name == model
-    assert config.dynamic_batching is not None
+    assert batching(config, BATCHING.get(model, "dynamic_batching")) is not None
 
 
 def test_cnn_weights_stay_under_400_kb() -> None:
@@ -77,6 +85,41 @@ def test_cnn_rows_do_not_depend_on_batch_and_sum_to_one() -> None:
     single = np.concatenate([cnn.run(["PROBS"], {"IMAGE": images[i:i + 1]})[0] for i in range(4)])
     np.testing.assert_allclose(batched, single, rtol=0, atol=1e-5)
     np.testing.assert_allclose(batched.sum(axis=1), 1.0, rtol=0, atol=1e-5)
+
+
+def test_stateful_gru_keeps_its_state_out_of_the_declared_tensors() -> None:
+    config = parse_config_file(MODEL_REPO / "stateful_gru" / "config.pbtxt")
+    assert [t.name for t in config.inputs] == ["FEATURES"]
+    assert [t.name for t in config.outputs] == ["LOGITS"]
+    graph = onnx.load(str(GRU_PATH)).graph
+    assert [i.name for i in graph.input] == ["FEATURES", "HIDDEN_IN"]
+    assert [o.name for o in graph.output] == ["HIDDEN_OUT", "LOGITS"]
+
+
+def test_stateful_gru_second_step_depends_on_the_first() -> None:
+    step = generator().onnx_gru_step(session(GRU_PATH))
+    first, second = np.random.default_rng(3).standard_normal((2, 1, 3, 16), np.float32)
+    zeros = np.zeros((1, 32), np.float32)
+    _, hidden = step(first, zeros)
+    threaded, _ = step(second, hidden)
+    fresh, _ = step(second, zeros)
+    assert not np.allclose(threaded, fresh, rtol=0, atol=1e-3)
+
+
+def test_stateful_gru_batched_steps_match_interleaved_sequences() -> None:
+    step = generator().onnx_gru_step(session(GRU_PATH))
+    features = np.random.default_rng(4).standard_normal((4, 3, 2, 16), np.float32)  # steps, sequences, frames
+    batched_logits, batched_hidden = generator().run_gru_steps(step, features)
+    hidden = [np.zeros((1, 32), np.float32) for _ in range(3)]
+    for index, step_features in enumerate(features):
+        for sequence in range(3):  # one request at a time, sequences taking turns
+            logits, hidden[sequence] = step(step_features[sequence:sequence + 1], hidden[sequence])
+            np.testing.assert_allclose(logits[0], batched_logits[index, sequence], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(hidden), batched_hidden, rtol=0, atol=1e-5)
+
+
+def test_stateful_gru_passes_the_generators_check_against_a_numpy_gru() -> None:
+    generator().check_stateful_gru(GRU_PATH)
 
 
 @pytest.mark.parametrize("max_batch_size", [8, 0])

@@ -84,9 +84,23 @@ def autocomplete(path: Path, parsed: dict[str, Any], signature: OnnxSignature) -
     batched = _complete_batching(path, config, signature)
     if batched is None:
         return config  # max_batch_size is malformed; validation names it
+    implicit = _sequence_tensors(config)
     for kind, specs in (("input", signature.inputs), ("output", signature.outputs)):
-        config[kind] = _complete_tensors(path, kind, config.get(kind, []), specs, batched)
+        explicit = tuple(spec for spec in specs if spec.name not in implicit)
+        config[kind] = _complete_tensors(path, kind, config.get(kind, []), explicit, batched)
     return config
+
+
+def _sequence_tensors(config: dict[str, Any]) -> set[str]:
+    """The graph tensors the sequence batcher feeds and reads (control inputs
+    and implicit state), which Triton keeps out of ``input`` and ``output``."""
+    batching = config.get("sequence_batching")
+    if not isinstance(batching, dict):
+        return set()
+    names = {entry.get("name") for entry in _entries(batching.get("control_input"))}
+    for state in _entries(batching.get("state")):
+        names |= {state.get("input_name"), state.get("output_name")}
+    return {name for name in names if isinstance(name, str)}
 
 
 def _quiet_options() -> ort.SessionOptions:

@@ -6,8 +6,8 @@ a ``ModelConfig`` with Python names (``inputs``, ``datatype="FP32"``,
 ``instance_groups``). Every problem is a ``ConfigError`` naming the file and a
 dotted field such as ``input[1].data_type``.
 
-Fields ferry does not implement (``model_warmup``, ``sequence_batching``,
-``optimization``, ``input[0].format``...) are kept as pydantic extras, logged
+``sequence_batching`` lives in ``workers.sequence_config``. Fields ferry does
+not implement (``model_warmup``, ``optimization``, ``input[0].format``...) are kept as pydantic extras, logged
 once each as ``config.unsupported_field`` and passed through by ``to_json``.
 """
 
@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from workers.datatypes import DATATYPES, element_count, from_config_name, to_config_name
 from workers.errors import ConfigError, InvalidInput, TensorError
 from workers.pbtxt import parse_file
+from workers.sequence_config import SequenceBatching, check as check_sequence_batching
 
 log = structlog.get_logger(__name__)
 
@@ -166,6 +167,7 @@ class ModelConfig(_Model):
     inputs: tuple[InputConfig, ...] = Field((), alias="input")
     outputs: tuple[OutputConfig, ...] = Field((), alias="output")
     dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None
     instance_groups: tuple[InstanceGroup, ...] = Field(
         (InstanceGroup(),), alias="instance_group", min_length=1
     )
@@ -180,6 +182,12 @@ class ModelConfig(_Model):
     @property
     def instance_count(self) -> int:
         return sum(group.count for group in self.instance_groups)
+
+    @property
+    def state_outputs(self) -> tuple[str, ...]:
+        """Outputs the sequence batcher keeps as implicit state, never returned."""
+        batching = self.sequence_batching
+        return tuple(state.output_name for state in batching.state) if batching else ()
 
     @property
     def extras(self) -> dict[str, Any]:
@@ -231,8 +239,23 @@ class ModelConfig(_Model):
         }
         if self.dynamic_batching is not None:
             body["dynamic_batching"] = self.dynamic_batching.model_dump(mode="json")
+        if self.sequence_batching is not None:
+            body["sequence_batching"] = _sequence_json(self.sequence_batching)
         body.update(self.extras)
         return _plain(body)
+
+
+def _sequence_json(batching: SequenceBatching) -> dict[str, Any]:
+    body = batching.model_dump(mode="json", exclude_none=True)
+    for state in body["state"]:
+        state["data_type"] = to_config_name(state["data_type"])
+        for initial in state["initial_state"]:
+            initial["data_type"] = to_config_name(initial["data_type"])
+    for entry in body["control_input"]:
+        for control in entry["control"]:
+            if control["data_type"]:
+                control["data_type"] = to_config_name(control["data_type"])
+    return body
 
 
 def _tensor_json(tensor: TensorConfig) -> dict[str, Any]:
@@ -309,6 +332,11 @@ def _check(path: Path, config: ModelConfig) -> None:
             raise ConfigError(str(path), f"instance_group[{index}].gpus", f"{group.kind} cannot name GPUs")
     if config.dynamic_batching is not None:
         _check_dynamic_batching(path, config.dynamic_batching, config.max_batch_size)
+    if config.sequence_batching is not None:
+        if config.dynamic_batching is not None:
+            raise ConfigError(str(path), "sequence_batching", "set dynamic_batching or sequence_batching, not both")
+        names = {t.name for t in config.inputs} | {t.name for t in config.outputs}
+        check_sequence_batching(path, config.sequence_batching, config.max_batch_size, names)
     _check_version_policy(path, config.version_policy)
 
 

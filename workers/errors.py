@@ -5,7 +5,9 @@
      ├── ModelNotFound      no such model or version in the repository
      ├── ModelLoadError     a backend could not load a model's files
      ├── InvalidInput       one request's tensors or parameters are wrong
-     │    └── TensorError   a tensor's datatype, shape or bytes are wrong
+     │    ├── TensorError   a tensor's datatype, shape or bytes are wrong
+     │    └── SequenceError a step does not fit its sequence (no START, timed out...)
+     ├── SessionLost        a sequence's state died with its worker, unrecoverably
      ├── RequestTimeout     a request's deadline passed before compute
      └── ExecutionError     the backend failed while running a batch
 
@@ -53,3 +55,15 @@ class RequestTimeout(WorkerError):
 
 class ExecutionError(WorkerError):
     code = "internal"
+
+
+class SequenceError(InvalidInput):
+    """A step does not fit its sequence: no START, an unknown, ended or
+    timed-out sequence, or a correlation id of the wrong type."""
+
+
+class SessionLost(WorkerError):
+    """The sequence existed, but the worker that held its state died and no
+    checkpoint of it was kept. Never a silent reset."""
+
+    code = "session_lost"

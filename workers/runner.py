@@ -19,11 +19,15 @@ from workers.batching.tensors import batch_key, merge, rows_of, split
 from workers.config import ModelConfig
 from workers.errors import ExecutionError, RequestTimeout, WorkerError
 from workers.repository import ModelEntry
+from workers.sequences.batcher import SequenceBatcher, SequenceSpec
+from workers.sequences.state import LocalStates, StateStore, initial_states
+from workers.sequences.table import SequencePolicy
 from workers.validation import check_outputs, prepare_inputs
 
 log = structlog.get_logger("ferry.runner")
 
 BackendFactory = Callable[[ModelContext], Backend]
+StateStoreFactory = Callable[[str], StateStore]  # model name -> its sequences' store
 Tensors = dict[str, np.ndarray]
 
 
@@ -51,6 +55,7 @@ class ModelRunner:
         version: int,
         backend_factory: BackendFactory = create_backend,
         clocks: Clocks = Clocks(),
+        state_store: StateStoreFactory = lambda model: LocalStates(),
     ) -> None:
         self.entry = entry
         self.version = version
@@ -61,6 +66,8 @@ class ModelRunner:
         self._idle: asyncio.Queue[Backend] = asyncio.Queue()
         self._executor: ThreadPoolExecutor | None = None
         self._batcher: DynamicBatcher[Tensors, Tensors] | None = None
+        self._sequencer: SequenceBatcher | None = None
+        self._state_store = state_store
 
     async def start(self) -> None:
         contexts = self._contexts()
@@ -71,13 +78,29 @@ class ModelRunner:
             await loop.run_in_executor(self._executor, backend.load)
             self._backends.append(backend)
             self._idle.put_nowait(backend)
-        self._batcher = DynamicBatcher(
-            self._run_batch, batch_policy(self.config), len(contexts), self._clocks.monotonic
-        )
-        await self._batcher.start()
+        if self.config.sequence_batching is not None:
+            self._sequencer = self._sequence_batcher(len(contexts))
+            await self._sequencer.start()
+        else:
+            self._batcher = DynamicBatcher(
+                self._run_batch, batch_policy(self.config), len(contexts), self._clocks.monotonic
+            )
+            await self._batcher.start()
         log.info("model.ready", model=self.entry.name, version=self.version, instances=len(contexts))
 
+    def _sequence_batcher(self, instances: int) -> SequenceBatcher:
+        batching = self.config.sequence_batching
+        assert batching is not None
+        batched = self.config.max_batch_size > 0
+        spec = SequenceSpec(self.entry.name, batching, batched,
+                            initial_states(batching, self.entry.path, batched))
+        policy = SequencePolicy.of(batching, self.config.max_batch_size, instances)
+        return SequenceBatcher(self._run_on_instance, spec, policy, self._state_store(self.entry.name),
+                               self._clocks.monotonic)
+
     async def aclose(self) -> None:
+        if self._sequencer is not None:
+            await self._sequencer.aclose()
         if self._batcher is not None:
             await self._batcher.aclose()
         for backend in self._backends:
@@ -85,6 +108,11 @@ class ModelRunner:
         self._backends.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+
+    @property
+    def sequence_batches(self) -> int:
+        """Batches the sequence batcher has run (0 for a model without one)."""
+        return self._sequencer.batches_run if self._sequencer is not None else 0
 
     @property
     def priority_levels(self) -> int:
@@ -97,12 +125,16 @@ class ModelRunner:
         return rows * sum(group.count for group in self.config.instance_groups)
 
     async def infer(self, request: Request) -> Tensors:
-        assert self._batcher is not None, "infer() before start()"
         deadline = self._deadline(request)
         if deadline is not None and deadline <= self._clocks.monotonic():
             raise RequestTimeout(f"request to model '{self.entry.name}' timed out in the queue before compute")
         inputs = prepare_inputs(self.config, request.inputs)
         check_outputs(self.config, request.outputs)
+        if self._sequencer is not None:
+            outputs = await self._sequencer.submit(
+                request.id, request.sequence_id, request.sequence_start, request.sequence_end, inputs)
+            return _select(outputs, request.outputs)
+        assert self._batcher is not None, "infer() before start()"
         outputs = await self._batcher.submit(
             inputs,
             rows=rows_of(inputs) if self.config.max_batch_size > 0 else 1,
@@ -110,9 +142,7 @@ class ModelRunner:
             priority=self.config.priority_level(request.priority),
             deadline=deadline,
         )
-        if request.outputs:
-            return {name: outputs[name] for name in request.outputs}
-        return outputs
+        return _select(outputs, request.outputs)
 
     def _contexts(self) -> list[ModelContext]:
         contexts: list[ModelContext] = []
@@ -141,6 +171,16 @@ class ModelRunner:
         remaining_s = (deadline_ns - self._clocks.wall_ns()) / 1e9
         return self._clocks.monotonic() + remaining_s
 
+    async def _run_on_instance(self, tensors: Tensors, instance: int) -> Tensors:
+        """One merged sequence batch on the instance the sequence table chose."""
+        backend = self._backends[instance]
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
+        missing = [o.name for o in self.config.outputs if o.name not in outputs]
+        if missing:
+            raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
+        return outputs
+
     async def _run_batch(self, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:
         backend = await self._idle.get()
         try:
@@ -158,6 +198,10 @@ class ModelRunner:
         if self.config.max_batch_size <= 0:
             return [outputs]
         return list(split(outputs, [rows_of(inputs) for inputs in batch]))
+
+
+def _select(outputs: Tensors, wanted: Sequence[str]) -> Tensors:
+    return {name: outputs[name] for name in wanted} if wanted else outputs
 
 
 def error_of(exc: BaseException) -> WorkerError:

@@ -69,7 +69,7 @@ class OnnxRuntimeBackend:
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._session is not None, "infer() before load()"
         feed = {name: self._prepare(name, array) for name, array in inputs.items()}
-        names = [o.name for o in self._context.config.outputs]
+        names = [o.name for o in self._context.config.outputs] + list(self._context.config.state_outputs)
         results = self._session.run(names, feed)
         return {name: self._reshape_output(name, value) for name, value in zip(names, results)}
 
