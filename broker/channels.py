@@ -64,3 +64,38 @@ def job_reply_group(prefix: str = PREFIX) -> str:
 
 def job_key(job_id: str, prefix: str = PREFIX) -> str:
     return f"{prefix}.job.{job_id}"
+
+
+def session_channel(model: str, worker_id: str, prefix: str = PREFIX) -> str:
+    """A worker's own stream for the sequences it holds (Redis fleets)."""
+    return f"{prefix}.{model}.sessions.{worker_id}"
+
+
+def session_channel_pattern(model: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}.{model}.sessions.*"
+
+
+def session_channel_owner(channel: str, model: str, prefix: str = PREFIX) -> str | None:
+    """The worker id in a session channel's name, or None for another channel."""
+    head = f"{prefix}.{model}.sessions."
+    return channel[len(head):] if channel.startswith(head) and len(channel) > len(head) else None
+
+
+def adopter_key(channel: str) -> str:
+    """Which live worker serves a session channel whose owner died."""
+    return f"{channel}.adopter"
+
+
+def _sequence_tag(sequence_id: int | str) -> str:
+    # 7 and "7" are different sequences.
+    return f"i{sequence_id}" if isinstance(sequence_id, int) else f"s{sequence_id}"
+
+
+def session_key(model: str, sequence_id: int | str, prefix: str = PREFIX) -> str:
+    """The session channel that holds a live sequence."""
+    return f"{prefix}.{model}.session.{_sequence_tag(sequence_id)}"
+
+
+def state_key(model: str, sequence_id: int | str, prefix: str = PREFIX) -> str:
+    """A sequence's last checkpoint."""
+    return f"{prefix}.{model}.state.{_sequence_tag(sequence_id)}"

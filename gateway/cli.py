@@ -77,6 +77,9 @@ def _worker_options() -> argparse.ArgumentParser:
     options.add_argument("--retry-failures", action=argparse.BooleanOptionalAction, default=None,
                          help="when a model raises, let any worker retry the request (up to --max-deliveries) "
                               "instead of answering with the error; default: on with a shared broker")
+    options.add_argument("--session-store", default="",
+                         help="where stateful models checkpoint sequences: redis://HOST:PORT/DB (default: the "
+                              "broker's Redis; on Kafka, none unless given)")
     return options
 
 
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "worker":
         uvloop.run(run_worker(WorkerProcessSettings(
             args.model_repository, args.broker, _worker_settings(args), HeartbeatSettings(args.heartbeat_s),
-            job_store_url=args.job_store,
+            job_store_url=args.job_store, session_store_url=args.session_store,
         )))
 
 

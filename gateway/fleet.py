@@ -27,7 +27,7 @@ from gateway.embedded import ServeSettings
 from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService
-from gateway.shared import open_heartbeats, open_job_gate, open_jobs_store
+from gateway.shared import open_heartbeats, open_job_gate, open_jobs_store, open_sessions
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, ServedModels
 from workers.repository import ModelRepository
 from workers.worker import Worker, WorkerSettings
@@ -91,6 +91,7 @@ class WorkerProcessSettings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     job_store_url: str = ""
+    session_store_url: str = ""
 
 
 def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> Starlette:
@@ -136,8 +137,10 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     heartbeats = open_heartbeats(settings.broker_url, transport, settings.worker.worker_id, prefix)
     assert heartbeats is not None, "a worker alone needs a shared broker"
     job_gate = open_job_gate(settings.broker_url, settings.job_store_url, prefix)
+    sessions = open_sessions(settings.broker_url, settings.worker.worker_id, heartbeats,
+                             settings.session_store_url, prefix)
     worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker,
-                    job_gate=job_gate, message_format=V2MessageFormat())
+                    job_gate=job_gate, message_format=V2MessageFormat(), sessions=sessions)
     heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
     try:
         await worker.start()
@@ -151,6 +154,7 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     finally:
         await heartbeat.aclose()
         await worker.aclose()
+        await sessions.aclose()
         await heartbeats.aclose()
         if job_gate is not None:
             await job_gate.aclose()

@@ -22,6 +22,8 @@ from broker.transport import Transport
 from gateway.jobs import DEFAULT_TTL_S, JobStore, RedisJobStore, open_job_store
 from workers.heartbeat import HeartbeatStore, RedisHeartbeats
 from workers.heartbeat_channel import ChannelHeartbeats
+from workers.sessions import LocalSessions, SessionRouting
+from workers.sessions_redis import RedisSessions
 
 
 def scheme(url: str) -> str:
@@ -36,6 +38,21 @@ def open_heartbeats(broker_url: str, transport: Transport, reader_id: str = "",
     if scheme(broker_url) == "memory":
         return None
     return ChannelHeartbeats(transport, reader_id, prefix)
+
+
+def open_sessions(broker_url: str, worker_id: str, heartbeats: HeartbeatStore | None,
+                  session_store_url: str = "", prefix: str = channels.PREFIX) -> SessionRouting:
+    """Sequences on a Redis broker are routed to their worker through Redis and
+    checkpointed there. On Kafka the partition key routes them; a Redis
+    ``--session-store`` adds checkpoints. Elsewhere state lives in memory."""
+    url = session_store_url or (broker_url if scheme(broker_url) == "redis" else "")
+    if heartbeats is None or scheme(url) != "redis":
+        return LocalSessions()
+
+    async def live_workers() -> set[str]:
+        return set(await heartbeats.live())
+
+    return RedisSessions(url, worker_id, live_workers, prefix=prefix, forwarding=scheme(broker_url) == "redis")
 
 
 def job_store_url(broker_url: str, configured: str = "") -> str:

@@ -27,7 +27,7 @@ from workers.validation import check_outputs, prepare_inputs
 log = structlog.get_logger("ferry.runner")
 
 BackendFactory = Callable[[ModelContext], Backend]
-StateStoreFactory = Callable[[str], StateStore]  # model name -> its sequences' store
+StateStoreFactory = Callable[[ModelConfig], StateStore]  # where a model's sequences keep state
 Tensors = dict[str, np.ndarray]
 
 
@@ -55,7 +55,7 @@ class ModelRunner:
         version: int,
         backend_factory: BackendFactory = create_backend,
         clocks: Clocks = Clocks(),
-        state_store: StateStoreFactory = lambda model: LocalStates(),
+        state_store: StateStoreFactory = lambda config: LocalStates(),
     ) -> None:
         self.entry = entry
         self.version = version
@@ -95,7 +95,7 @@ class ModelRunner:
         spec = SequenceSpec(self.entry.name, batching, batched,
                             initial_states(batching, self.entry.path, batched))
         policy = SequencePolicy.of(batching, self.config.max_batch_size, instances)
-        return SequenceBatcher(self._run_on_instance, spec, policy, self._state_store(self.entry.name),
+        return SequenceBatcher(self._run_on_instance, spec, policy, self._state_store(self.config),
                                self._clocks.monotonic)
 
     async def aclose(self) -> None:

@@ -19,6 +19,12 @@ A job request (one that replies to the job channel) is first passed to the
 ``JobGate``, which marks it running, or says it was cancelled or expired and
 must not be computed.
 
+A step of a stateful model's sequence is handled under its sequence's lock,
+so one sequence's steps keep their order; ``SessionRouting`` says whether it
+is handled here or forwarded to the worker holding the sequence (see
+``workers.sessions``). Such steps are never released for a retry elsewhere:
+their state is here.
+
 ``drain()`` stops fetching and waits for what is in flight to be answered and
 acked, for a clean shutdown.
 """
@@ -26,6 +32,7 @@ acked, for a clean shutdown.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +55,7 @@ from workers.recovery import (
 )
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.runner import ModelRunner, error_of
+from workers.sessions import LocalSessions, SequenceLocks, SessionRouting
 
 log = structlog.get_logger("ferry.worker")
 
@@ -91,18 +99,21 @@ class Worker:
         transport: Transport,
         repository: ModelRepository,
         settings: WorkerSettings = WorkerSettings(),
-        runner_factory: RunnerFactory = ModelRunner,
+        runner_factory: RunnerFactory | None = None,
         job_gate: JobGate | None = None,
         message_format: MessageFormat = EnvelopeFormat(),
+        sessions: SessionRouting | None = None,
     ) -> None:
         self._transport = transport
+        self._sessions = sessions or LocalSessions()
+        self._locks = SequenceLocks()
         self._format = message_format
         self._dead_letters = DeadLetters(transport, settings.channel_prefix, message_format)
         self._job_gate = job_gate
         self._job_channel = channels.job_reply_channel(settings.channel_prefix)
         self._repository = repository
         self._settings = settings
-        self._runner_factory = runner_factory
+        self._runner_factory = runner_factory or self._new_runner
         self._runners: dict[str, dict[int, ModelRunner]] = {}
         self._consumers: list[asyncio.Task[None]] = []
         self._reclaimer: asyncio.Task[None] | None = None
@@ -166,6 +177,9 @@ class Worker:
                 await runner.aclose()
         self._runners.clear()
 
+    def _new_runner(self, entry: ModelEntry, version: int) -> ModelRunner:
+        return ModelRunner(entry, version, state_store=self._sessions.state_store)
+
     async def _load(self, entry: ModelEntry) -> None:
         for version in entry.versions:
             runner = self._runner_factory(entry, version)
@@ -177,15 +191,23 @@ class Worker:
                 continue
             self._runners.setdefault(entry.name, {})[version] = runner
 
-    def _channels(self, model: str) -> tuple[str, ...]:
+    def _request_channels(self, model: str) -> tuple[str, ...]:
         levels = max(runner.priority_levels for runner in self._runners[model].values())
         return channels.request_channels(model, levels, self._settings.channel_prefix)
 
+    def _stateful(self, model: str) -> bool:
+        return any(r.config.sequence_batching is not None for r in self._runners.get(model, {}).values())
+
+    def _channels(self, model: str) -> tuple[str, ...]:
+        """Session channels first: they carry sequences already under way."""
+        sessions = self._sessions.channels(model) if self._stateful(model) else ()
+        return (*sessions, *self._request_channels(model))
+
     async def _consume(self, model: str) -> None:
-        names = self._channels(model)
         group = channels.worker_group(model, self._settings.channel_prefix)
         credit = self._credits[model]
         while not self._stopping.is_set():
+            names = self._channels(model)  # grows when a dead worker's sessions are adopted
             while credit.room == 0 and not self._stopping.is_set():
                 credit.freed.clear()
                 await credit.freed.wait()
@@ -209,18 +231,37 @@ class Worker:
         while True:
             await asyncio.sleep(recovery.interval_s)
             for model in list(self._runners):
-                for channel in self._channels(model):
+                # Only request channels: what sits pending on a session channel is
+                # this worker's own work, already being handled in sequence order.
+                for channel in self._request_channels(model):
                     if isinstance(self._transport, Reclaiming):
-                        await self._reclaim(self._transport, model, channel, recovery)
+                        await self._reclaim(self._transport, model, channel, recovery.idle_s)
+                for channel in self._channels(model):
                     await self._trim(channel)
+            await self._adopt_sessions()
 
-    async def _reclaim(self, transport: Reclaiming, model: str, channel: str, recovery: RecoverySettings) -> None:
-        room = min(self._settings.fetch_count, self._credits[model].room)
+    async def _adopt_sessions(self) -> None:
+        """Take over dead workers' session channels, handling what they left
+        pending before reading anything new there."""
+        try:
+            adopted = await self._sessions.maintain([m for m in self._runners if self._stateful(m)])
+        except TransportError as exc:
+            log.warning("worker.sessions_failed", error=str(exc))
+            return
+        if not isinstance(self._transport, Reclaiming):
+            return
+        for model, adopted_channels in adopted.items():
+            for channel in adopted_channels:
+                await self._reclaim(self._transport, model, channel, 0.0, limit=self._settings.max_in_flight)
+
+    async def _reclaim(self, transport: Reclaiming, model: str, channel: str, idle_s: float,
+                       limit: int | None = None) -> None:
+        room = limit if limit is not None else min(self._settings.fetch_count, self._credits[model].room)
         if room <= 0:
             return
         group = channels.worker_group(model, self._settings.channel_prefix)
         try:
-            deliveries = await transport.claim_stale(channel, group, self.worker_id, recovery.idle_s, room)
+            deliveries = await transport.claim_stale(channel, group, self.worker_id, idle_s, room)
         except TransportClosed:
             return
         except Exception as exc:
@@ -272,6 +313,10 @@ class Worker:
             await self._dead_letters.reject(delivery, str(exc))
             await self._transport.ack(delivery)
             return
+        if request.sequence_id is not None and self._stateful(model):
+            async with self._locks.hold(model, request.sequence_id):
+                await self._serve_step(model, delivery, request)
+            return
         if not await self._may_start(request):
             log.info("worker.job_skipped", model=model, request_id=request.id)
             await self._transport.ack(delivery)
@@ -279,6 +324,34 @@ class Worker:
         response = await self._respond(model, request)
         if response.error is not None and await self._retry_or_give_up(delivery, response.error):
             return
+        await self._reply(model, delivery, request, response)
+
+    async def _serve_step(self, model: str, delivery: Delivery, request: Request) -> None:
+        """One step of a sequence: here, or forwarded to the worker holding it."""
+        try:
+            route = await self._sessions.route(model, request, delivery.channel)
+        except TransportError as exc:
+            log.warning("worker.route_failed", model=model, request_id=request.id, error=str(exc))
+            return  # left pending; claimed again once idle
+        if route.forward_to is not None:
+            await self._forward(delivery, route.forward_to)
+            return
+        if not await self._may_start(request):
+            await self._transport.ack(delivery)
+            return
+        response = await self._respond(model, request)
+        if route.home is not None:
+            response = dataclasses.replace(response, parameters={**response.parameters, "sequence_channel": route.home})
+        await self._reply(model, delivery, request, response)
+
+    async def _forward(self, delivery: Delivery, channel: str) -> None:
+        try:
+            await self._transport.publish(channel, delivery.payload, headers=delivery.headers)
+            await self._transport.ack(delivery)
+        except TransportError as exc:
+            log.warning("worker.forward_failed", channel=channel, message_id=delivery.message_id, error=str(exc))
+
+    async def _reply(self, model: str, delivery: Delivery, request: Request, response: Response) -> None:
         reply = self._format.reply(delivery, request, response)
         try:
             if reply is not None:

@@ -2,7 +2,8 @@
 
 ``accumulator``: X (INT32 [1]) is added to the implicit state ACC; SUM is the
 new total. It echoes its control inputs (START, END, READY, CORRID) and how
-many rows its batch had, so tests can see what the sequence batcher fed it.
+many rows its batch had, so tests can see what the sequence batcher fed it,
+and the pid of the worker process that ran it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from broker.envelope import Request, WireTensor
 from tests.models import write_python_model
 
 SOURCE = """
+import os
+
 import numpy as np
 
 
@@ -29,6 +32,7 @@ class Model:
             "SUM": total, "ACC_OUT": total,
             "SEEN_START": inputs["START"], "SEEN_END": inputs["END"], "SEEN_READY": inputs["READY"],
             "SEEN_CORRID": inputs["CORRID"], "ROWS": np.full((rows, 1), rows, dtype=np.int32),
+            "PID": np.full((rows, 1), os.getpid(), dtype=np.int64),
         }
 """
 
@@ -37,7 +41,7 @@ _ids = itertools.count()
 
 def config(name: str = "accumulator", strategy: str = "direct { }", max_batch_size: int = 4,
            idle_us: int = 5_000_000, instances: int = 1, corrid: str = "TYPE_UINT64",
-           initial: str = "zero_data: true") -> str:
+           initial: str = "zero_data: true", parameters: dict[str, str] | None = None) -> str:
     outputs = ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ 1 ] }}'
                         for n in ("SEEN_START", "SEEN_END", "SEEN_READY", "ROWS"))
     corrid_type = "TYPE_STRING" if corrid == "TYPE_STRING" else corrid
@@ -47,7 +51,8 @@ def config(name: str = "accumulator", strategy: str = "direct { }", max_batch_si
 backend: "python"
 max_batch_size: {max_batch_size}
 input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "SUM" data_type: TYPE_INT64 dims: [ 1 ] }}, {outputs},
+output [ {{ name: "SUM" data_type: TYPE_INT64 dims: [ 1 ] }}, {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }},
+         {outputs},
          {{ name: "SEEN_CORRID" data_type: {corrid_type} dims: [ 1 ] }} ]
 sequence_batching {{
   max_sequence_idle_microseconds: {idle_us}
@@ -57,7 +62,12 @@ sequence_batching {{
             initial_state: {{ data_type: TYPE_INT64 dims: [ 1 ] {initial} name: "start" }} }} ]
 }}
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
-"""
+{_parameters(parameters or dict())}"""
+
+
+def _parameters(values: dict[str, str]) -> str:
+    entries = ", ".join(f'{{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in values.items())
+    return f"parameters [ {entries} ]\n" if entries else ""
 
 
 def write_accumulator(repo: Path, name: str = "accumulator", **options: object) -> None:

@@ -1,0 +1,234 @@
+"""The speech model driven directly, with this module playing the sequence batcher's part."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.speech.audio import ESPEAK, chunks, silence, speak
+from workers.config import parse_config_file
+
+pytest.importorskip("pocketsphinx", reason="the speech model needs pocketsphinx 5 (pip install pocketsphinx)")
+if ESPEAK is None:
+    pytest.skip("the speech tests need espeak-ng to make speech (apt-get install espeak-ng)", allow_module_level=True)
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repo" / "speech"
+CHUNK_MS = 160
+
+# Sentences PocketSphinx's en-us model recognises from espeak-ng's voice, and words that must come out.
+SENTENCES = {
+    "please open the door": {"open", "door"},
+    "i would like a cup of coffee": {"like", "cup", "coffee"},
+    "two three four five": {"three", "four", "five"},
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    corrid: bytes
+    chunk: np.ndarray
+    start: bool = False
+    end: bool = False
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class Row:
+    text: str
+    is_final: bool
+    start_ms: int
+    end_ms: int
+    audio_ms: int
+
+
+class Sequencer:
+    """Keeps each session's STATE_OUT and hands it back as the next step's STATE_IN."""
+
+    def __init__(self, model: Any, states: dict[bytes, bytes] | None = None) -> None:
+        self.model = model
+        self.states = dict(states or {})
+
+    def infer(self, steps: list[Step]) -> list[Row]:
+        outputs = self.model.infer(self.inputs(steps))
+        rows = []
+        for index, step in enumerate(steps):
+            if step.ready:
+                self.states[step.corrid] = outputs["STATE_OUT"][index, 0]
+            rows.append(Row(outputs["TEXT"][index, 0].decode(), bool(outputs["IS_FINAL"][index, 0]),
+                            *(int(outputs[name][index, 0]) for name in ("START_MS", "END_MS", "AUDIO_MS"))))
+        return rows
+
+    def inputs(self, steps: list[Step]) -> dict[str, np.ndarray]:
+        def column(values: list[Any], dtype: Any) -> np.ndarray:
+            array = np.empty((len(values), 1), dtype=dtype)
+            array[:, 0] = values
+            return array
+
+        return {
+            "AUDIO": np.stack([step.chunk for step in steps]),
+            "START": column([int(step.start) for step in steps], np.int32),
+            "END": column([int(step.end) for step in steps], np.int32),
+            "READY": column([int(step.ready) for step in steps], np.int32),
+            "CORRID": column([step.corrid for step in steps], object),
+            "STATE_IN": column([b"" if step.start else self.states.get(step.corrid, b"") for step in steps], object),
+        }
+
+
+def session_steps(corrid: bytes, audio: np.ndarray) -> list[Step]:
+    pieces = chunks(audio, CHUNK_MS)
+    return [Step(corrid, piece, start=index == 0, end=index == len(pieces) - 1) for index, piece in enumerate(pieces)]
+
+
+def run_alone(model: Any, steps: list[Step]) -> list[Row]:
+    sequencer = Sequencer(model)
+    return [sequencer.infer([step])[0] for step in steps]
+
+
+def padded(samples: np.ndarray) -> np.ndarray:
+    """Lead-in and tail silence, then up to whole chunks: rows of one batch share a length."""
+    audio = np.concatenate([silence(300), samples, silence(300)])
+    chunk = len(silence(CHUNK_MS))
+    return np.concatenate([audio, np.zeros(-len(audio) % chunk, np.int16)])
+
+
+def words(text: str) -> set[str]:
+    return set(text.split())
+
+
+@pytest.fixture(scope="module")
+def speech_module() -> Iterator[ModuleType]:
+    name = "ferry_test_speech_model"
+    spec = importlib.util.spec_from_file_location(name, MODEL_DIR / "1" / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there, as under the Python backend
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[name]
+
+
+@pytest.fixture
+def make_model(speech_module: ModuleType) -> Iterator[Callable[..., Any]]:
+    models = []
+
+    def make(**parameters: str) -> Any:
+        model = speech_module.Model()
+        model.load(SimpleNamespace(parameters=parameters))
+        models.append(model)
+        return model
+
+    yield make
+    for model in models:
+        model.unload()
+
+
+@pytest.fixture(scope="session")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], np.ndarray]:
+    cache = tmp_path_factory.mktemp("espeak")
+    return lambda text: padded(speak(text, cache))
+
+
+@pytest.mark.parametrize("sentence", SENTENCES)
+def test_a_streamed_sentence_gives_partials_then_a_final_with_its_key_words(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray], sentence: str) -> None:
+    audio = speech(sentence)
+    rows = run_alone(make_model(), session_steps(b"s", audio))
+    *partials, final = rows
+    assert any(row.text and not row.is_final for row in partials)
+    assert not any(row.is_final for row in partials)
+    assert final.is_final and SENTENCES[sentence] <= words(final.text), final.text
+    assert 0 < final.start_ms < final.end_ms <= final.audio_ms == len(audio) * 1000 // 16_000
+
+
+def test_sessions_interleaved_in_one_batch_match_each_session_alone(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    sessions = {f"s{index}".encode(): session_steps(f"s{index}".encode(), speech(sentence))
+                for index, sentence in enumerate(SENTENCES)}
+    alone = {corrid: run_alone(make_model(), steps) for corrid, steps in sessions.items()}
+    sequencer, batched = Sequencer(make_model()), {corrid: [] for corrid in sessions}
+    for position in range(max(len(steps) for steps in sessions.values())):
+        batch = [steps[position] if position < len(steps) else Step(corrid, steps[0].chunk, ready=False)
+                 for corrid, steps in sessions.items()]
+        for step, row in zip(batch, sequencer.infer(batch)):
+            if step.ready:
+                batched[step.corrid].append(row)
+    assert batched == alone
+
+
+def test_a_fresh_model_resumes_a_session_from_its_last_state(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"s", speech("i would like a cup of coffee"))
+    uninterrupted = run_alone(make_model(), steps)
+    half = len(steps) // 2
+    first = Sequencer(make_model())
+    before = [first.infer([step])[0] for step in steps[:half]]
+    assert any(row.text for row in before), "the split should fall inside the utterance"
+    second = Sequencer(make_model(), first.states)
+    after = [second.infer([step])[0] for step in steps[half:]]
+    assert before + after == uninterrupted
+
+
+def test_a_retried_step_gives_the_same_rows_again(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"s", speech("two three four five"))
+    uninterrupted = run_alone(make_model(), steps)
+    sequencer = Sequencer(make_model())
+    rows = [sequencer.infer([step])[0] for step in steps[:8]]
+    state = sequencer.states[b"s"]
+    sequencer.infer([steps[8]])
+    sequencer.states[b"s"] = state  # its reply was lost, so the batcher sends the step again
+    rows += [sequencer.infer([step])[0] for step in steps[8:]]
+    assert rows == uninterrupted
+
+
+def test_silence_ends_an_utterance_and_its_audio_leaves_the_state(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    audio = np.concatenate([speech("please open the door"), silence(1000), speech("two three four five")])
+    sequencer = Sequencer(make_model())
+    rows, sizes = [], []
+    for step in session_steps(b"s", audio):
+        rows.append(sequencer.infer([step])[0])
+        sizes.append(len(sequencer.states[b"s"]))
+    finals = [(index, row) for index, row in enumerate(rows) if row.is_final]
+    assert [row.text for _, row in finals] == ["please open the door", "two three four five"]
+    first_final = finals[0][0]
+    assert first_final < len(rows) - 1
+    assert sizes[first_final] < 16_000 < max(sizes[:first_final])
+    assert finals[0][1].end_ms < finals[1][1].start_ms
+
+
+def test_padding_rows_are_ignored(make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"s", speech("two three four five"))
+    alone = run_alone(make_model(), steps)
+    sequencer = Sequencer(make_model())
+    padding = Step(b"", np.full_like(steps[0].chunk, 12_345), start=True, end=True, ready=False)
+    sequencer.states[b""] = b"not a state"
+    rows = [sequencer.infer([padding, step, padding])[1] for step in steps]
+    assert rows == alone
+
+
+def test_a_chunk_over_max_chunk_samples_is_rejected_naming_audio(make_model: Callable[..., Any]) -> None:
+    sequencer = Sequencer(make_model(max_chunk_samples="1600"))
+    sequencer.infer([Step(b"s", silence(100), start=True)])
+    with pytest.raises(ValueError, match="'AUDIO'.*1601"):
+        sequencer.infer([Step(b"s", np.zeros(1601, np.int16))])
+
+
+def test_a_state_that_is_not_a_session_is_rejected_naming_state_in(make_model: Callable[..., Any]) -> None:
+    sequencer = Sequencer(make_model(), {b"s": b"\x93not msgpack"})
+    with pytest.raises(ValueError, match="'STATE_IN'"):
+        sequencer.infer([Step(b"s", silence(160))])
+
+
+def test_the_config_parses_and_its_parameters_are_the_models_defaults(speech_module: ModuleType) -> None:
+    config = parse_config_file(MODEL_DIR / "config.pbtxt")
+    assert config.name == "speech"
+    assert speech_module.Settings.from_parameters(dict(config.parameters)) == speech_module.Settings()
