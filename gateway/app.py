@@ -13,8 +13,9 @@ import orjson
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
+from starlette.websockets import WebSocket
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
@@ -25,6 +26,7 @@ from gateway.jobs.service import JobService
 from gateway.metadata import model_metadata, server_metadata
 from gateway.service import InferenceService
 from gateway.status import status_for, status_for_code
+from gateway.streams import StreamRoutes
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
 from workers.errors import WorkerError
 from workers.repository import is_safe_name
@@ -63,6 +65,10 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
             Route(prefix + "/config", api.config, methods=["GET"]),
             Route(prefix + "/ready", api.model_ready, methods=["GET"]),
             Route(prefix + "/infer", api.infer, methods=["POST"]),
+            Route(prefix + "/infer_stream", api.infer_stream, methods=["POST"]),
+            Route(prefix + "/generate", api.generate, methods=["POST"]),
+            Route(prefix + "/generate_stream", api.generate_stream, methods=["POST"]),
+            WebSocketRoute(prefix + "/stream", api.streams.websocket),
         ]
     routes.append(Route("/v2/models/{rest:path}", api.bad_model_path, methods=["GET", "POST"]))
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -93,6 +99,7 @@ class _Api:
         self._jobs = jobs
         self._catalog = service.catalog
         self._settings = settings
+        self.streams = StreamRoutes(service, self._read_body, self._target, _header_length, settings.max_body_bytes)
 
     async def live(self, request: Request) -> Response:
         return Response(status_code=200)
@@ -121,6 +128,15 @@ class _Api:
     async def job(self, request: Request) -> Response:
         return await self._guard(self._job, request)
 
+    async def infer_stream(self, request: Request) -> Response:
+        return await self._guard(self.streams.infer_stream, request)
+
+    async def generate(self, request: Request) -> Response:
+        return await self._guard(self.streams.generate, request)
+
+    async def generate_stream(self, request: Request) -> Response:
+        return await self._guard(self.streams.generate_stream, request)
+
     async def bad_model_path(self, request: Request) -> Response:
         rest = request.path_params["rest"]
         return error_response(f"invalid model path '{rest}': a model name must not contain '/'", 400)
@@ -138,7 +154,7 @@ class _Api:
             log.exception("http.unhandled", path=request.url.path)
             return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
-    def _target(self, request: Request) -> tuple[str, str]:
+    def _target(self, request: Request | WebSocket) -> tuple[str, str]:
         name = request.path_params["model"]
         version = request.path_params.get("version", "")
         for text, what in ((name, "model name"), (version, "model version")):

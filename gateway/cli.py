@@ -106,7 +106,8 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         model_repository=args.model_repository,
         broker_url=args.broker,
         http=HttpSettings(max_body_bytes=args.max_body_bytes),
-        service=ServiceSettings(channel_prefix=args.channel_prefix),
+        service=ServiceSettings(channel_prefix=args.channel_prefix,
+                                route_sequences=urlsplit(args.broker).scheme == "redis"),
         job_ttl_s=args.job_ttl_s,
         job_store_url=args.job_store,
     )

@@ -3,6 +3,9 @@
 Each gateway reads only its own channel. A reply whose id nobody waits for
 (a duplicate after a redelivery, or a late one after the caller gave up) is
 acked and dropped, so a client sees exactly one reply per request.
+
+A streamed request (a decoupled model may answer 0..N times) waits on a
+queue instead of a future: every reply goes into it until the final one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class ReplyRouter:
     ) -> None:
         self.channel = channels.reply_channel(gateway_id, prefix)
         self._waiting: dict[str, asyncio.Future[Response]] = {}
+        self._streams: dict[str, asyncio.Queue[Response]] = {}
         self._reader = ChannelReader(transport, self.channel, channels.reply_group(gateway_id, prefix),
                                      gateway_id, self._route, batch=256, poll_timeout_s=poll_timeout_s)
 
@@ -48,14 +52,26 @@ class ReplyRouter:
         self._waiting[request_id] = future
         return future
 
+    def expect_stream(self, request_id: str) -> asyncio.Queue[Response]:
+        queue: asyncio.Queue[Response] = asyncio.Queue()
+        self._streams[request_id] = queue
+        return queue
+
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
+        self._streams.pop(request_id, None)
 
     async def _route(self, delivery: Delivery) -> None:
         try:
             response = decode_response(delivery.payload)
         except EnvelopeError as exc:
             log.warning("replies.bad_message", channel=self.channel, error=str(exc))
+            return
+        queue = self._streams.get(response.id)
+        if queue is not None:
+            if response.final:
+                self._streams.pop(response.id, None)
+            queue.put_nowait(response)
             return
         future = self._waiting.pop(response.id, None)
         if future is None:

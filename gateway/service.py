@@ -4,14 +4,18 @@ put it on the model's request channel, and wait for its reply.
 A model with priority levels has one request channel per level; the request
 goes to the channel of its ``priority`` parameter, or of the model's
 ``default_priority_level``. A model with ``max_queue_size`` is first asked
-for room (``gateway.admission``)."""
+for room (``gateway.admission``).
+
+``stream`` is for decoupled models, which answer 0..N times: it publishes
+the request, then yields every reply up to the final one. On a Redis fleet
+a sequence's steps are published in order through ``SequenceHomes``."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from broker import channels
@@ -21,6 +25,7 @@ from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
 from gateway.replies import ReplyRouter
+from gateway.sequence_homes import SequenceHomes
 from gateway.v2_codec import ParsedInfer
 
 
@@ -28,6 +33,14 @@ from gateway.v2_codec import ParsedInfer
 class ServiceSettings:
     reply_timeout_s: float = 300.0
     channel_prefix: str = channels.PREFIX
+    route_sequences: bool = False  # publish a sequence's steps to its worker's session channel (Redis)
+
+
+Answered = Callable[[Response | None], None]
+
+
+def _ignore(response: Response | None) -> None:
+    return None
 
 
 class InferenceService:
@@ -46,13 +59,19 @@ class InferenceService:
         self.catalog = catalog
         self._settings = settings
         self._wall_ns = wall_ns
+        self._homes = SequenceHomes() if settings.route_sequences else None
 
     async def infer(self, model: str, version: str, parsed: ParsedInfer,
                     trace: dict[str, str] | None = None) -> Response:
         request = self.envelope(model, version, parsed, trace, reply_to=self._router.channel)
+        if self.catalog.entry(request.model).config.decoupled:
+            raise InvalidRequest(f"model '{model}' is decoupled (it may send many responses): use "
+                                 f"/v2/models/{model}/generate_stream, /infer_stream or the WebSocket")
         future = self._router.expect(request.id)
+        answered: Answered = _ignore
+        response: Response | None = None
         try:
-            await self.publish(request)
+            answered = await self._publish_step(request)
             async with asyncio.timeout(self._settings.reply_timeout_s):
                 response = await future
         except TimeoutError:
@@ -60,7 +79,56 @@ class InferenceService:
                                   f"{self._settings.reply_timeout_s:g} s") from None
         finally:
             self._router.forget(request.id)
+            answered(response)
         return replace(response, id=parsed.id)
+
+    async def stream(self, model: str, version: str, parsed: ParsedInfer,
+                     trace: dict[str, str] | None = None) -> AsyncIterator[Response]:
+        """Publish now; the returned iterator yields each reply, the final one last."""
+        request = self.envelope(model, version, parsed, trace, reply_to=self._router.channel)
+        queue = self._router.expect_stream(request.id)
+        try:
+            answered = await self._publish_step(request)
+        except BaseException:
+            self._router.forget(request.id)
+            raise
+        return self._replies(request, parsed.id, queue, answered)
+
+    async def _replies(self, request: Request, client_id: str, queue: asyncio.Queue[Response],
+                       answered: Answered) -> AsyncIterator[Response]:
+        first: Response | None = None
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self._settings.reply_timeout_s):
+                        response = await queue.get()
+                except TimeoutError:
+                    raise UpstreamTimeout(f"no reply for model '{request.model}' within "
+                                          f"{self._settings.reply_timeout_s:g} s") from None
+                if first is None:
+                    first = response
+                    answered(response)
+                yield replace(response, id=client_id)
+                if response.final:
+                    return
+        finally:
+            self._router.forget(request.id)
+            if first is None:
+                answered(None)
+
+    async def _publish_step(self, request: Request) -> Answered:
+        """Publish; for a sequence step on a Redis fleet, in order and to the
+        sequence's session channel once known. Call the result with the reply."""
+        sequence_id = request.sequence_id
+        if self._homes is None or sequence_id is None:
+            await self.publish(request)
+            return _ignore
+        homes, model = self._homes, request.model
+        async with homes.ordered(model, sequence_id):
+            channel = await homes.channel(model, sequence_id, request.sequence_start)
+            await self.publish(request, channel)
+            done = homes.published(model, sequence_id)
+        return lambda response: homes.answered(model, sequence_id, request.sequence_end, response, done)
 
     def envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str] | None,
                  reply_to: str, request_id: str = "") -> Request:
@@ -72,10 +140,11 @@ class InferenceService:
         return build_request(parsed, entry.name, version, reply_to, request_id or uuid.uuid4().hex,
                              self._wall_ns(), trace or {})
 
-    async def publish(self, request: Request) -> None:
+    async def publish(self, request: Request, channel: str | None = None) -> None:
+        """Onto the model's request channel, or onto ``channel`` when given."""
         config = self.catalog.entry(request.model).config
-        channel = channels.request_channel(request.model, self._settings.channel_prefix,
-                                           config.priority_level(request.priority))
+        channel = channel or channels.request_channel(request.model, self._settings.channel_prefix,
+                                                      config.priority_level(request.priority))
         if self._limits is None:
             await self._transport.publish(channel, encode_request(request), key=_key(request))
             return

@@ -159,6 +159,10 @@ class VersionPolicy(_Model):
         return {"latest": {"num_versions": count}}
 
 
+class TransactionPolicy(_Model):
+    decoupled: Annotated[bool, Strict()] = False
+
+
 class ModelConfig(_Model):
     name: Name
     platform: StrictStr = ""
@@ -168,6 +172,7 @@ class ModelConfig(_Model):
     outputs: tuple[OutputConfig, ...] = Field((), alias="output")
     dynamic_batching: DynamicBatching | None = None
     sequence_batching: SequenceBatching | None = None
+    model_transaction_policy: TransactionPolicy = TransactionPolicy()
     instance_groups: tuple[InstanceGroup, ...] = Field(
         (InstanceGroup(),), alias="instance_group", min_length=1
     )
@@ -182,6 +187,11 @@ class ModelConfig(_Model):
     @property
     def instance_count(self) -> int:
         return sum(group.count for group in self.instance_groups)
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the model sends 0..N responses per request (Triton's decoupled mode)."""
+        return self.model_transaction_policy.decoupled
 
     @property
     def state_outputs(self) -> tuple[str, ...]:
@@ -241,6 +251,8 @@ class ModelConfig(_Model):
             body["dynamic_batching"] = self.dynamic_batching.model_dump(mode="json")
         if self.sequence_batching is not None:
             body["sequence_batching"] = _sequence_json(self.sequence_batching)
+        if self.decoupled:
+            body["model_transaction_policy"] = {"decoupled": True}
         body.update(self.extras)
         return _plain(body)
 
@@ -337,6 +349,9 @@ def _check(path: Path, config: ModelConfig) -> None:
             raise ConfigError(str(path), "sequence_batching", "set dynamic_batching or sequence_batching, not both")
         names = {t.name for t in config.inputs} | {t.name for t in config.outputs}
         check_sequence_batching(path, config.sequence_batching, config.max_batch_size, names)
+        if config.decoupled:
+            raise ConfigError(str(path), "model_transaction_policy.decoupled",
+                              "ferry does not run decoupled models with sequence_batching")
     _check_version_policy(path, config.version_policy)
 
 

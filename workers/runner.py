@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -17,11 +17,12 @@ from workers.batching.driver import DynamicBatcher
 from workers.batching.forming import BatchPolicy
 from workers.batching.tensors import batch_key, merge, rows_of, split
 from workers.config import ModelConfig
-from workers.errors import ExecutionError, RequestTimeout, WorkerError
+from workers.errors import ExecutionError, ModelLoadError, RequestTimeout, WorkerError
 from workers.repository import ModelEntry
 from workers.sequences.batcher import SequenceBatcher, SequenceSpec
 from workers.sequences.state import LocalStates, StateStore, initial_states
 from workers.sequences.table import SequencePolicy
+from workers.streaming import stream_outputs
 from workers.validation import check_outputs, prepare_inputs
 
 log = structlog.get_logger("ferry.runner")
@@ -77,11 +78,14 @@ class ModelRunner:
             backend = self._factory(context)
             await loop.run_in_executor(self._executor, backend.load)
             self._backends.append(backend)
+            if self.config.decoupled and not hasattr(backend, "infer_stream"):
+                raise ModelLoadError(f"model '{self.entry.name}' is decoupled, but its backend "
+                                     f"{type(backend).__name__} sends one response per request")
             self._idle.put_nowait(backend)
         if self.config.sequence_batching is not None:
             self._sequencer = self._sequence_batcher(len(contexts))
             await self._sequencer.start()
-        else:
+        elif not self.config.decoupled:
             self._batcher = DynamicBatcher(
                 self._run_batch, batch_policy(self.config), len(contexts), self._clocks.monotonic
             )
@@ -143,6 +147,18 @@ class ModelRunner:
             deadline=deadline,
         )
         return _select(outputs, request.outputs)
+
+    async def infer_stream(self, request: Request) -> AsyncIterator[Tensors]:
+        """A decoupled model's responses to ``request``, as the model sends them."""
+        inputs = prepare_inputs(self.config, request.inputs)
+        check_outputs(self.config, request.outputs)
+        backend = await self._idle.get()
+        try:
+            assert self._executor is not None, "infer_stream() before start()"
+            async for outputs in stream_outputs(backend, inputs, self._executor):  # type: ignore[arg-type]
+                yield _select(outputs, request.outputs)
+        finally:
+            self._idle.put_nowait(backend)
 
     def _contexts(self) -> list[ModelContext]:
         contexts: list[ModelContext] = []

@@ -12,8 +12,8 @@ every step is handled here and state lives only in memory.
 ``workers.sessions_redis.RedisSessions`` routes a Redis fleet.
 
 ``SequenceLocks`` keeps one sequence's steps in arrival order inside a
-worker: a step takes its sequence's lock before its first await, and locks
-are granted first come, first served.
+worker (or a gateway): a step takes its sequence's lock before its first
+await, and locks are granted first come, first served.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ import numpy as np
 import structlog
 
 from broker import channels
-from broker.envelope import ErrorInfo, Request, Response, WireTensor
+from broker.envelope import ErrorInfo, ParamValue, Request, Response, WireTensor
 from broker.errors import EnvelopeError, TransportClosed, TransportError
 from broker.transport import Delivery, Reclaiming, Transport
 from workers.datatypes import encode_array
@@ -58,6 +58,8 @@ from workers.runner import ModelRunner, error_of
 from workers.sessions import LocalSessions, SequenceLocks, SessionRouting
 
 log = structlog.get_logger("ferry.worker")
+
+FINAL_FLAG = "triton_final_response"  # Triton's name for the flag on a decoupled model's responses
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,9 @@ class Worker:
     def _stateful(self, model: str) -> bool:
         return any(r.config.sequence_batching is not None for r in self._runners.get(model, {}).values())
 
+    def _decoupled(self, model: str) -> bool:
+        return any(r.config.decoupled for r in self._runners.get(model, {}).values())
+
     def _channels(self, model: str) -> tuple[str, ...]:
         """Session channels first: they carry sequences already under way."""
         sessions = self._sessions.channels(model) if self._stateful(model) else ()
@@ -313,6 +318,9 @@ class Worker:
             await self._dead_letters.reject(delivery, str(exc))
             await self._transport.ack(delivery)
             return
+        if self._decoupled(model):
+            await self._stream(model, delivery, request)
+            return
         if request.sequence_id is not None and self._stateful(model):
             async with self._locks.hold(model, request.sequence_id):
                 await self._serve_step(model, delivery, request)
@@ -344,6 +352,25 @@ class Worker:
             response = dataclasses.replace(response, parameters={**response.parameters, "sequence_channel": route.home})
         await self._reply(model, delivery, request, response)
 
+    async def _stream(self, model: str, delivery: Delivery, request: Request) -> None:
+        """A decoupled model: publish each response as it comes, then a final,
+        empty one (or the error), then ack. Every response is tagged with
+        ``triton_final_response`` so a client knows which one ends the stream."""
+        if not await self._may_start(request):
+            await self._transport.ack(delivery)
+            return
+        try:
+            runner = self._runner(model, request)
+            async for outputs in runner.infer_stream(request):
+                await self._reply(model, delivery, request, _stream_response(runner, request, outputs), ack=False)
+            final = Response(id=request.id, model=runner.entry.name, model_version=str(runner.version),
+                             parameters={FINAL_FLAG: True})
+        except TransportError:
+            raise
+        except Exception as exc:
+            final = self._error_response(request, exc, parameters={FINAL_FLAG: True})
+        await self._reply(model, delivery, request, final)
+
     async def _forward(self, delivery: Delivery, channel: str) -> None:
         try:
             await self._transport.publish(channel, delivery.payload, headers=delivery.headers)
@@ -351,12 +378,14 @@ class Worker:
         except TransportError as exc:
             log.warning("worker.forward_failed", channel=channel, message_id=delivery.message_id, error=str(exc))
 
-    async def _reply(self, model: str, delivery: Delivery, request: Request, response: Response) -> None:
+    async def _reply(self, model: str, delivery: Delivery, request: Request, response: Response,
+                     ack: bool = True) -> None:
         reply = self._format.reply(delivery, request, response)
         try:
             if reply is not None:
                 await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
-            await self._transport.ack(delivery)
+            if ack:
+                await self._transport.ack(delivery)
         except TransportError as exc:
             # Left unacked, so it is claimed and computed again once idle (the broker may be back by then).
             log.warning("worker.reply_failed", model=model, request_id=request.id, message_id=delivery.message_id,
@@ -395,11 +424,14 @@ class Worker:
                 outputs=tuple(_wire(name, array) for name, array in outputs.items()),
             )
         except Exception as exc:
-            error = error_of(exc)
-            log.info("worker.request_failed", model=request.model, request_id=request.id,
-                     code=error.code, error=str(error))
-            return Response(id=request.id, model=request.model, model_version=request.model_version,
-                            error=ErrorInfo(error.code, str(error)))
+            return self._error_response(request, exc)
+
+    def _error_response(self, request: Request, exc: Exception, parameters: dict[str, ParamValue] | None = None) -> Response:
+        error = error_of(exc)
+        log.info("worker.request_failed", model=request.model, request_id=request.id,
+                 code=error.code, error=str(error))
+        return Response(id=request.id, model=request.model, model_version=request.model_version,
+                        error=ErrorInfo(error.code, str(error)), parameters=parameters or {})
 
     def _runner(self, model: str, request: Request) -> ModelRunner:
         if request.model != model:
@@ -413,6 +445,12 @@ class Worker:
             return versions[int(request.model_version)]
         except (ValueError, KeyError):
             raise ModelNotFound(f"model '{model}' has no version '{request.model_version}' loaded") from None
+
+
+def _stream_response(runner: ModelRunner, request: Request, outputs: dict[str, np.ndarray]) -> Response:
+    return Response(id=request.id, model=runner.entry.name, model_version=str(runner.version),
+                    outputs=tuple(_wire(name, array) for name, array in outputs.items()),
+                    parameters={FINAL_FLAG: False}, final=False)
 
 
 def _wire(name: str, array: np.ndarray) -> WireTensor:

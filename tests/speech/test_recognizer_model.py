@@ -93,8 +93,8 @@ def run_alone(model: Any, steps: list[Step]) -> list[Row]:
 
 
 def padded(samples: np.ndarray) -> np.ndarray:
-    """Lead-in and tail silence, then up to whole chunks: rows of one batch share a length."""
-    audio = np.concatenate([silence(300), samples, silence(300)])
+    """A lead-in, then silence up to whole chunks (rows of one batch share a length): too little to end the utterance."""
+    audio = np.concatenate([silence(300), samples])
     chunk = len(silence(CHUNK_MS))
     return np.concatenate([audio, np.zeros(-len(audio) % chunk, np.int16)])
 
@@ -152,8 +152,10 @@ def test_sessions_interleaved_in_one_batch_match_each_session_alone(
         make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
     sessions = {f"s{index}".encode(): session_steps(f"s{index}".encode(), speech(sentence))
                 for index, sentence in enumerate(SENTENCES)}
-    alone = {corrid: run_alone(make_model(), steps) for corrid, steps in sessions.items()}
-    sequencer, batched = Sequencer(make_model()), {corrid: [] for corrid in sessions}
+    one_after_another = make_model()
+    alone = {corrid: run_alone(one_after_another, steps) for corrid, steps in sessions.items()}
+    sequencer = Sequencer(make_model())
+    batched: dict[bytes, list[Row]] = {corrid: [] for corrid in sessions}
     for position in range(max(len(steps) for steps in sessions.values())):
         batch = [steps[position] if position < len(steps) else Step(corrid, steps[0].chunk, ready=False)
                  for corrid, steps in sessions.items()]
@@ -176,6 +178,19 @@ def test_a_fresh_model_resumes_a_session_from_its_last_state(
     assert before + after == uninterrupted
 
 
+def test_a_session_whose_decoder_was_taken_back_rebuilds_it(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"a", speech("i would like a cup of coffee"))
+    uninterrupted = run_alone(make_model(), steps)
+    sequencer, half = Sequencer(make_model(max_live_decoders="1")), len(steps) // 2
+    rows = [sequencer.infer([step])[0] for step in steps[:half]]
+    assert not rows[-1].is_final and rows[-1].text, "the split should fall inside the utterance"
+    for step in session_steps(b"b", speech("two three four five")):
+        sequencer.infer([step])  # takes the only decoder
+    rows += [sequencer.infer([step])[0] for step in steps[half:]]
+    assert rows == uninterrupted
+
+
 def test_a_retried_step_gives_the_same_rows_again(
         make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
     steps = session_steps(b"s", speech("two three four five"))
@@ -187,6 +202,17 @@ def test_a_retried_step_gives_the_same_rows_again(
     sequencer.states[b"s"] = state  # its reply was lost, so the batcher sends the step again
     rows += [sequencer.infer([step])[0] for step in steps[8:]]
     assert rows == uninterrupted
+
+
+def test_empty_chunks_change_nothing(make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"s", speech("please open the door"))
+    alone = run_alone(make_model(), steps)
+    sequencer, rows = Sequencer(make_model()), []
+    for step in steps:
+        rows.append(sequencer.infer([step])[0])
+        if not step.end:
+            assert sequencer.infer([Step(b"s", silence(0))]) == [rows[-1]]
+    assert rows == alone
 
 
 def test_silence_ends_an_utterance_and_its_audio_leaves_the_state(

@@ -7,6 +7,7 @@ Runtime does) computes while the event loop keeps serving.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,3 +40,9 @@ class Backend(Protocol):
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def unload(self) -> None: ...
+
+
+class StreamingBackend(Backend, Protocol):
+    """A backend for decoupled models: 0..N responses for one request."""
+
+    def infer_stream(self, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]: ...

@@ -8,12 +8,17 @@
 Tensors go in and out by name as numpy arrays (BYTES as object arrays of
 bytes), batched along dimension 0 when the model batches. A ``ValueError``
 from ``infer`` means the request's input is invalid.
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) gets one
+request at a time, and its ``infer`` returns an iterable (a generator, say)
+of output dicts: each is one response, and there may be none.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -46,6 +51,21 @@ class PythonBackend:
             outputs = self._model.infer(inputs)
         except ValueError as exc:
             raise InvalidInput(f"model '{self._context.name}': {exc}") from None
+        return self._arrays(outputs)
+
+    def infer_stream(self, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        assert self._model is not None, "infer_stream() before load()"
+        try:
+            responses = self._model.infer(inputs)
+            if isinstance(responses, dict) or not isinstance(responses, Iterable):
+                raise ExecutionError(f"model '{self._context.name}' is decoupled: infer() must return an "
+                                     f"iterable of output dicts, not {type(responses).__name__}")
+            for outputs in responses:
+                yield self._arrays(outputs)
+        except ValueError as exc:
+            raise InvalidInput(f"model '{self._context.name}': {exc}") from None
+
+    def _arrays(self, outputs: Any) -> dict[str, np.ndarray]:
         if not isinstance(outputs, dict):
             raise ExecutionError(f"model '{self._context.name}': infer() returned "
                                  f"{type(outputs).__name__}, not a dict of arrays")

@@ -193,6 +193,11 @@ def _new_decoder() -> Any:
     return pocketsphinx.Decoder(loglevel="FATAL")
 
 
+def _feed(decoder: Any, audio: bytes) -> None:
+    if audio:  # process_raw raises IndexError on an empty buffer
+        decoder.process_raw(audio)
+
+
 def _hypothesis(decoder: Any) -> str:
     hyp = decoder.hyp()
     return hyp.hypstr if hyp is not None else ""
@@ -201,7 +206,8 @@ def _hypothesis(decoder: Any) -> str:
 class DecoderPool:
     """Decoders lent to sessions with an utterance in progress, keyed by CORRID.
 
-    A bound decoder is always inside an utterance; an idle one never is. Each
+    A bound decoder is always inside an utterance; an idle one never is; a
+    lent one belongs to the step in progress, which keeps or releases it. Each
     binding remembers the state it was left at, so a step that arrives with
     any other state (a retried step, a session that moved processes and came
     back) rebuilds instead of continuing from the wrong place.
@@ -215,19 +221,21 @@ class DecoderPool:
         self._capacity = capacity
         self._created = 1
         self._idle: list[Any] = [first]
+        self._lent: list[Any] = []
         self._bound: OrderedDict[Any, tuple[Any, bytes]] = OrderedDict()
 
     def resume(self, corrid: Any, state_in: bytes, session: Session) -> Any | None:
         """The decoder that has heard the session's utterance in progress, or None when there is none."""
         binding = self._bound.pop(corrid, None)
         if binding is not None and session.in_speech and binding[1] == state_in:
+            self._lent.append(binding[0])
             return binding[0]
         if binding is not None:
             self._abandon(binding[0])
         if not session.in_speech:
             return None
         decoder = self.begin(session.cmn)
-        decoder.process_raw(session.samples(session.audio_start, session.framed))
+        pass
         return decoder
 
     def begin(self, cmn: str) -> Any:
@@ -239,11 +247,23 @@ class DecoderPool:
         return decoder
 
     def keep(self, corrid: Any, decoder: Any, state_out: bytes) -> None:
+        self._lent.remove(decoder)
         self._bound[corrid] = (decoder, state_out)
 
     def release(self, decoder: Any) -> None:
         """Take back a decoder whose utterance has ended."""
+        self._lent.remove(decoder)
         self._idle.append(decoder)
+
+    def reclaim(self) -> None:
+        """Take back what a failed step left lent, so that a failure cannot shrink the pool."""
+        while self._lent:
+            decoder = self._lent.pop()
+            try:
+                decoder.end_utt()
+            except RuntimeError:  # it was between utterances
+                pass
+            self._idle.append(decoder)
 
     def forget(self, corrid: Any) -> None:
         binding = self._bound.pop(corrid, None)
@@ -256,12 +276,14 @@ class DecoderPool:
 
     def _acquire(self) -> Any:
         if self._idle:
-            return self._idle.pop()
-        if self._created < self._capacity:
+            decoder = self._idle.pop()
+        elif self._created < self._capacity:
+            decoder = _new_decoder()
             self._created += 1
-            return _new_decoder()
-        _, (decoder, _) = self._bound.popitem(last=False)
-        decoder.end_utt()
+        else:
+            _, (decoder, _) = self._bound.popitem(last=False)
+            decoder.end_utt()
+        self._lent.append(decoder)
         return decoder
 
     def _abandon(self, decoder: Any) -> None:
@@ -296,6 +318,12 @@ class Recognizer:
         self._pool.close()
 
     def step(self, corrid: Any, state_in: bytes, chunk: bytes, start: bool, end: bool) -> tuple[Result, bytes]:
+        try:
+            return self._step(corrid, state_in, chunk, start, end)
+        finally:
+            self._pool.reclaim()
+
+    def _step(self, corrid: Any, state_in: bytes, chunk: bytes, start: bool, end: bool) -> tuple[Result, bytes]:
         if start:
             self._pool.forget(corrid)
             state_in = b""
@@ -330,11 +358,11 @@ class Recognizer:
             session.silence_run = 0 if speech else session.silence_run + 1
             session.speech_end = frame_end if speech else session.speech_end
             if self._endpoint(session, frame_end):
-                decoder.process_raw(session.samples(fed, frame_end))
+                _feed(decoder, session.samples(fed, frame_end))
                 finals.append(self._finish(session, decoder, frame_end))
                 decoder, fed = None, frame_end
         if decoder is not None:
-            decoder.process_raw(session.samples(fed, session.framed))
+            _feed(decoder, session.samples(fed, session.framed))
         return decoder, finals
 
     def _onset(self, session: Session, speech: bool, frame_end: int) -> bool:
@@ -352,8 +380,7 @@ class Recognizer:
 
     def _finish(self, session: Session, decoder: Any, heard_to: int) -> Utterance:
         """End the utterance, whose audio the decoder has heard up to `heard_to`."""
-        if heard_to > session.framed:
-            decoder.process_raw(session.samples(session.framed, heard_to))
+        _feed(decoder, session.samples(session.framed, heard_to))
         decoder.end_utt()
         text, cmn = _hypothesis(decoder), decoder.get_cmn()
         if self._settings.rescore_final:
@@ -362,7 +389,7 @@ class Recognizer:
             # updated recognises many more words of a voice far from that prior.
             decoder.set_cmn(cmn)
             decoder.start_utt()
-            decoder.process_raw(session.samples(session.audio_start, heard_to))
+            _feed(decoder, session.samples(session.audio_start, heard_to))
             decoder.end_utt()
             text = _hypothesis(decoder)
         self._pool.release(decoder)
