@@ -19,10 +19,12 @@ install-test:
 	$(PYTHON) -m pip install --quiet -e '.[test]'
 
 # redis-server and kcat for the broker tests, java 17 and Maven for the Kafka broker the tests
-# assemble from Maven Central; skipped when already present.
+# assemble from Maven Central, espeak-ng to speak the speech tests' sentences; skipped when
+# already present.
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v kcat >/dev/null \
-			|| ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
+			|| ! command -v java >/dev/null || ! command -v mvn >/dev/null \
+			|| ! command -v espeak-ng >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			redis-server kcat openjdk-17-jre-headless maven; \
+			redis-server kcat openjdk-17-jre-headless maven espeak-ng; \
 	fi

@@ -1,4 +1,5 @@
-"""The ``ferry`` command: ``serve`` (all in one), ``gateway`` and ``worker``."""
+"""The ``ferry`` command: ``serve`` (all in one), ``gateway``, ``worker``, and
+``speech`` (a streaming speech client)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gateway.fleet import WorkerProcessSettings, build_gateway_app, run_worker
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.logs import configure_logging
 from gateway.service import ServiceSettings
+from gateway import speech_cli
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
 from workers.worker import WorkerSettings
@@ -38,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")
     alone.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
+    speech_cli.add_parser(commands)
     return parser
 
 
@@ -85,6 +88,8 @@ def _worker_options() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "speech":
+        raise SystemExit(speech_cli.run(args))
     configure_logging(args.log_level, args.log_format)
     if not args.model_repository.is_dir():
         raise SystemExit(f"ferry: --model-repository {args.model_repository} is not a directory")

@@ -93,7 +93,7 @@ def run_alone(model: Any, steps: list[Step]) -> list[Row]:
 
 
 def padded(samples: np.ndarray) -> np.ndarray:
-    """A lead-in, then silence up to whole chunks (rows of one batch share a length): too little to end the utterance."""
+    """A lead-in, and silence up to whole chunks (rows of one batch share a length), too little to end the utterance."""
     audio = np.concatenate([silence(300), samples])
     chunk = len(silence(CHUNK_MS))
     return np.concatenate([audio, np.zeros(-len(audio) % chunk, np.int16)])
@@ -165,14 +165,17 @@ def test_sessions_interleaved_in_one_batch_match_each_session_alone(
     assert batched == alone
 
 
+@pytest.mark.parametrize("split", [0.25, 0.8], ids=["in-the-first-utterance", "in-the-second-utterance"])
 def test_a_fresh_model_resumes_a_session_from_its_last_state(
-        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
-    steps = session_steps(b"s", speech("i would like a cup of coffee"))
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray], split: float) -> None:
+    audio = np.concatenate([speech("i would like a cup of coffee"), silence(1000), speech("please open the door")])
+    steps = session_steps(b"s", audio)
     uninterrupted = run_alone(make_model(), steps)
-    half = len(steps) // 2
-    first = Sequencer(make_model())
+    finals = [words(row.text) for row in uninterrupted if row.is_final]
+    assert len(finals) == 2 and {"cup", "coffee"} <= finals[0] and {"open", "door"} <= finals[1], finals
+    first, half = Sequencer(make_model()), int(len(steps) * split)
     before = [first.infer([step])[0] for step in steps[:half]]
-    assert any(row.text for row in before), "the split should fall inside the utterance"
+    assert not before[-1].is_final and before[-1].text, "the split should fall inside an utterance"
     second = Sequencer(make_model(), first.states)
     after = [second.infer([step])[0] for step in steps[half:]]
     assert before + after == uninterrupted
@@ -235,10 +238,12 @@ def test_padding_rows_are_ignored(make_model: Callable[..., Any], speech: Callab
     steps = session_steps(b"s", speech("two three four five"))
     alone = run_alone(make_model(), steps)
     sequencer = Sequencer(make_model())
-    padding = Step(b"", np.full_like(steps[0].chunk, 12_345), start=True, end=True, ready=False)
+    padding = Step(b"", np.full_like(steps[0].chunk, 12_345), end=True, ready=False)
     sequencer.states[b""] = b"not a state"
-    rows = [sequencer.infer([padding, step, padding])[1] for step in steps]
-    assert rows == alone
+    batches = [sequencer.infer([padding, step, padding]) for step in steps]
+    assert [rows[1] for rows in batches] == alone
+    padding_rows = [row for rows in batches for row in (rows[0], rows[2])]
+    assert {(row.text, row.is_final) for row in padding_rows} == {("", False)}
 
 
 def test_a_chunk_over_max_chunk_samples_is_rejected_naming_audio(make_model: Callable[..., Any]) -> None:

@@ -170,9 +170,17 @@ class SequenceTable(Generic[T]):
     def _fill_slots(self) -> None:
         while self._backlog and None in self._slots:
             sequence_id = self._backlog.popleft()
-            slot = self._slots.index(None)
+            slot = self._free_slot()
             self._slots[slot] = sequence_id
             self._active[sequence_id].slot = slot
+
+    def _free_slot(self) -> int:
+        """The lowest free slot of the instance holding the fewest sequences,
+        so sequences spread over the instances rather than queue on one."""
+        rows = self.policy.rows
+        held = [sum(s is not None for s in self._slots[i * rows:(i + 1) * rows]) for i in range(self.policy.instances)]
+        instance = min((i for i in range(self.policy.instances) if held[i] < rows), key=lambda i: held[i])
+        return self._slots.index(None, instance * rows, (instance + 1) * rows)
 
     def _take_direct(self, now: float) -> Batch[T] | None:
         rows = self.policy.rows

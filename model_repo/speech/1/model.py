@@ -12,9 +12,9 @@ always final. START_MS..END_MS is the speech TEXT covers, AUDIO_MS all the
 audio the session has sent.
 
 The state is enough to rebuild the decoder in a fresh process: the audio of
-the utterance in progress (from a little before it began), the voice activity
-detector's counters, and the cepstral mean the utterance started from. Once
-an utterance is final its audio leaves the state.
+the utterance in progress (from a little before it began), the speech
+detector's counters and noise floor, and the cepstral mean the utterance
+started from. Once an utterance is final its audio leaves the state.
 
 A ``Decoder`` costs about 90 MB and 0.6 s to create, so decoders are pooled:
 a session holds one only while an utterance is in progress, and when all
@@ -154,8 +154,9 @@ def _state_problem(version: Any, session: Session) -> str | None:
         return "a position or count is not a non-negative integer"
     if not isinstance(session.cmn, str) or not isinstance(session.audio, bytes) or type(session.in_speech) is not bool:
         return "a field has the wrong type"
-    if session.noise_floor is not None and not (type(session.noise_floor) is float and math.isfinite(session.noise_floor)):
-        return f"noise floor {session.noise_floor!r} is not a finite number"
+    floor = session.noise_floor
+    if floor is not None and not (type(floor) is float and math.isfinite(floor)):
+        return f"noise floor {floor!r} is not a finite number"
     if session.audio_start + len(session.audio) / 2 != session.consumed:
         return "its audio does not end where the session does"
     if session.in_speech and not session.audio_start <= session.speech_start <= session.speech_end <= session.framed:
@@ -235,7 +236,7 @@ class DecoderPool:
         if not session.in_speech:
             return None
         decoder = self.begin(session.cmn)
-        pass
+        _feed(decoder, session.samples(session.audio_start, session.framed))
         return decoder
 
     def begin(self, cmn: str) -> Any:

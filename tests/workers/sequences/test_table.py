@@ -90,3 +90,10 @@ def test_idle_sequences_expire_but_not_while_work_waits() -> None:
     assert t.expire(1.2) == []
     assert sorted(t.expire(1.5)) == [1, 2]
     assert len(t) == 0
+
+
+def test_direct_spreads_sequences_over_instances() -> None:
+    t = table(strategy="direct", rows=4, instances=2)
+    for sequence_id in (1, 2, 3):
+        step(t, sequence_id, 0.0)
+    assert [t.get(s).slot for s in (1, 2, 3)] == [0, 4, 1]
