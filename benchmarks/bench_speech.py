@@ -1,0 +1,136 @@
+"""How many real-time speech sessions one machine sustains, over Redis.
+
+    python benchmarks/bench_speech.py               # 1, 2, 4, 8, 12, 16 sessions, a few minutes
+    python benchmarks/bench_speech.py --quick       # 1 and 4 sessions
+
+A ``redis-server`` and ``ferry worker`` processes serve a copy of ``model_repo/speech``.
+For each count N, N clients (``gateway.speech_client.SpeechSession``) each stream the
+same ~9 s of espeak-ng speech (three sentences with pauses) in 160 ms chunks at the pace
+of speech, starting a fraction of a chunk apart. Per count it reports:
+
+- **RTF per session**: the workers' CPU seconds over the run (from /proc) divided by
+  the seconds of audio all N sessions sent: the compute one session costs per second
+  of speech. A machine with C cores can at best hold C / RTF sessions.
+- **partial p50/p95 ms**: for each chunk answered with a partial transcript, from the
+  chunk being sent (it is on Redis at once) to the partial covering it arriving.
+- **final p95 ms**: the same for chunks answered with a final transcript (a final is
+  decoded a second time, so it comes later).
+- **keeps up**: p95 partial latency under ``--max-p95-ms`` (default 500).
+
+The figures are ratios and latencies measured within one run; the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import cpu, fleet_procs  # noqa: E402
+from benchmarks.stats import int_list, percentile  # noqa: E402
+from gateway.speech_client import SpeechSession, Transcript, stream_samples  # noqa: E402
+from tests.speech.audio import silence, speak  # noqa: E402
+
+SENTENCES = ("please open the door", "i would like a cup of coffee", "two three four five")
+CHUNK_MS = 160
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speech.json"
+
+
+def speech_audio(cache: Path) -> np.ndarray:
+    parts = [silence(300)]
+    for sentence in SENTENCES:
+        parts += [speak(sentence, cache), silence(1000)]
+    return np.concatenate(parts)
+
+
+async def one_session(url: str, samples: np.ndarray, delay_s: float) -> list[tuple[Transcript, float]]:
+    await asyncio.sleep(delay_s)
+    async with SpeechSession(url) as session:
+        sender = asyncio.create_task(stream_samples(session, samples, CHUNK_MS))
+        got = [(t, t.received_s - session.sent_at(t.chunk)) async for t in session.transcripts(timeout_s=120)]
+        await sender
+    return got
+
+
+async def run_sessions(url: str, samples: np.ndarray, count: int) -> list[list[tuple[Transcript, float]]]:
+    rng = random.Random(count)
+    return await asyncio.gather(*(one_session(url, samples, rng.uniform(0, CHUNK_MS / 1000))
+                                  for _ in range(count)))
+
+
+def measure(url: str, worker_pids: tuple[int, ...], samples: np.ndarray, count: int) -> dict[str, object]:
+    before = [cpu.process_cpu_s(pid) or 0.0 for pid in worker_pids]
+    began = time.monotonic()
+    sessions = asyncio.run(run_sessions(url, samples, count))
+    elapsed = time.monotonic() - began
+    worker_cpu = sum((cpu.process_cpu_s(pid) or 0.0) - b for pid, b in zip(worker_pids, before))
+    audio_s = len(samples) / 16_000
+    partial = sorted(lag for s in sessions for t, lag in s if not t.final and not t.error)
+    final = sorted(lag for s in sessions for t, lag in s if t.final and not t.error)
+    errors = sum(1 for s in sessions for t, _ in s if t.error)
+    return {
+        "sessions": count, "audio_s": audio_s, "elapsed_s": elapsed, "errors": errors,
+        "rtf_per_session": worker_cpu / (count * audio_s),
+        "partial_p50_ms": (percentile(partial, 0.5) or 0) * 1e3,
+        "partial_p95_ms": (percentile(partial, 0.95) or 0) * 1e3,
+        "final_p95_ms": (percentile(final, 0.95) or 0) * 1e3,
+        "finals": [" | ".join(t.text for t, _ in s if t.final and t.text) for s in sessions[:1]],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int_list, default=(1, 2, 4, 8, 12, 16))
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--max-p95-ms", type=float, default=500.0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    counts = (1, 4) if args.quick else args.sessions
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ferry-speech-") as tmp:
+        root = Path(tmp)
+        samples = speech_audio(root)
+        shutil.copytree(REPO_ROOT / "model_repo" / "speech", root / "repo" / "speech")
+        with fleet_procs.redis_server() as broker:
+            url = fleet_procs.fresh_url(broker)
+            with fleet_procs.fleet(root / "repo", url, args.workers, "speech", root) as fleet:
+                for count in counts:
+                    row = measure(url, fleet.worker_pids, samples, count)
+                    row["keeps_up"] = row["errors"] == 0 and row["partial_p95_ms"] <= args.max_p95_ms
+                    rows.append(row)
+                    print_row(row)
+    sustained = max((r["sessions"] for r in rows if r["keeps_up"]), default=0)
+    print(f"sustained: {sustained} concurrent real-time sessions with {args.workers} worker(s) "
+          f"(p95 partial latency <= {args.max_p95_ms:.0f} ms)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"workers": args.workers, "chunk_ms": CHUNK_MS, "rows": rows,
+                                    "sustained_sessions": sustained}, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def print_row(row: dict[str, object]) -> None:
+    if row["sessions"] == 1 or not hasattr(print_row, "header"):
+        print(f"{'sessions':>8} {'RTF/session':>11} {'partial p50':>11} {'partial p95':>11} "
+              f"{'final p95':>9} {'errors':>6} {'keeps up':>8}")
+        print_row.header = True  # type: ignore[attr-defined]
+    print(f"{row['sessions']:>8} {row['rtf_per_session']:>11.3f} {row['partial_p50_ms']:>11.0f} "
+          f"{row['partial_p95_ms']:>11.0f} {row['final_p95_ms']:>9.0f} {row['errors']:>6} "
+          f"{'yes' if row['keeps_up'] else 'no':>8}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
