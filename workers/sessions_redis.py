@@ -169,12 +169,13 @@ class RedisStates:
             pipe.delete(self._state_key(sequence_id))
             await pipe.execute()
 
-    async def save(self, sequence_id: SequenceId, checkpoint: Checkpoint) -> None:
+    async def save(self, checkpoints: list[tuple[SequenceId, Checkpoint]]) -> None:
         with translated(RedisError, "redis"):
             pipe = self._redis.pipeline(transaction=False)
-            pipe.pexpire(self._session_key(sequence_id), self._ttl_ms)
-            if self._checkpointing:
-                pipe.set(self._state_key(sequence_id), _encode_checkpoint(checkpoint), px=self._ttl_ms)
+            for sequence_id, checkpoint in checkpoints:
+                pipe.pexpire(self._session_key(sequence_id), self._ttl_ms)
+                if self._checkpointing:
+                    pipe.set(self._state_key(sequence_id), _encode_checkpoint(checkpoint), px=self._ttl_ms)
             await pipe.execute()
 
     async def drop(self, sequence_id: SequenceId) -> None:

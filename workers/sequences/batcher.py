@@ -213,35 +213,26 @@ class SequenceBatcher:
         return {k: v for k, v in outputs.items() if k not in self._outputs}, state
 
     async def _commit(self, steps: list[Step[_Work]], results: list[tuple[Tensors, Tensors] | BaseException]) -> None:
-        """Checkpoint each step's new state, then keep it and answer the step."""
-        saves = [self._save(step, result) for step, result in zip(steps, results)]
-        outcomes = await asyncio.gather(*saves)
-        for step, outcome in zip(steps, outcomes):
-            future = step.item.future
-            if future.done():
-                continue
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-    async def _save(self, step: Step[_Work], result: tuple[Tensors, Tensors] | BaseException) -> Tensors | BaseException:
-        if isinstance(result, BaseException):
-            return result
-        outputs, state = result
-        work = step.item
+        """Checkpoint the batch's new states in one call, then keep them and answer each step."""
+        done = [(step, result) for step, result in zip(steps, results) if not isinstance(result, BaseException)]
         try:
-            await self._store.save(step.sequence_id, Checkpoint(state, work.request_id, outputs))
+            await self._store.save([(step.sequence_id, Checkpoint(result[1], step.item.request_id, result[0]))
+                                    for step, result in done])
         except Exception as exc:
-            log.error("sequence.checkpoint_failed", model=self._spec.model, sequence_id=step.sequence_id,
-                      error=str(exc))
-            return ExecutionError(f"sequence {step.sequence_id!r}: checkpointing its state failed ({exc}); "
-                                  "the step was not applied, send it again")
-        record = self._table.get(step.sequence_id)
-        if record is not None:
-            record.state = state
-            record.last = (work.request_id, outputs)
-        return outputs
+            log.error("sequence.checkpoint_failed", model=self._spec.model, error=str(exc))
+            failed = ExecutionError(f"checkpointing the sequence's state failed ({exc}); "
+                                    "the step was not applied, send it again")
+            results = [failed if not isinstance(r, BaseException) else r for r in results]
+        for step, result in zip(steps, results):
+            if isinstance(result, BaseException):
+                _settle(step.item.future, error=result)
+                continue
+            outputs, state = result
+            record = self._table.get(step.sequence_id)
+            if record is not None:
+                record.state = state
+                record.last = (step.item.request_id, outputs)
+            _settle(step.item.future, outputs)
 
     def _forget(self, sequence_id: SequenceId, reason: str) -> None:
         record = self._table.get(sequence_id)
@@ -263,6 +254,16 @@ class SequenceBatcher:
             await self._store.drop(sequence_id)
         except Exception as exc:
             log.warning("sequence.drop_failed", model=self._spec.model, sequence_id=sequence_id, error=str(exc))
+
+
+def _settle(future: asyncio.Future[Tensors], outputs: Tensors | None = None,
+            error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(outputs)  # type: ignore[arg-type]
 
 
 def _replayed(record: Sequence[_Work], request_id: str) -> Tensors | None:

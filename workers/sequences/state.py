@@ -48,8 +48,9 @@ class StateStore(Protocol):
     async def begin(self, sequence_id: SequenceId) -> None:
         """A sequence starts here."""
 
-    async def save(self, sequence_id: SequenceId, checkpoint: Checkpoint) -> None:
-        """Called after every step; a store that does not checkpoint may ignore it."""
+    async def save(self, checkpoints: list[tuple[SequenceId, Checkpoint]]) -> None:
+        """Called after every batch with each step's new checkpoint, before any
+        is answered; a store that does not checkpoint may ignore it."""
 
     async def drop(self, sequence_id: SequenceId) -> None:
         """The sequence ended or timed out."""
@@ -65,7 +66,7 @@ class LocalStates:
     async def begin(self, sequence_id: SequenceId) -> None:
         return None
 
-    async def save(self, sequence_id: SequenceId, checkpoint: Checkpoint) -> None:
+    async def save(self, checkpoints: list[tuple[SequenceId, Checkpoint]]) -> None:
         return None
 
     async def drop(self, sequence_id: SequenceId) -> None:
