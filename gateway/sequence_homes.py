@@ -21,9 +21,8 @@ from collections import OrderedDict
 from contextlib import AbstractAsyncContextManager
 
 from broker.envelope import Response, SequenceId
-from workers.sessions import SequenceLocks
+from workers.sessions import CHANNEL_PARAMETER, SequenceLocks
 
-CHANNEL_PARAMETER = "sequence_channel"
 _KEPT = 65_536  # sequences remembered; the oldest are forgotten first
 
 Key = tuple[str, SequenceId]

@@ -36,10 +36,10 @@ from gateway.generate import parse_generate_request, render_generate_response
 from gateway.service import InferenceService
 from gateway.v2_codec import ParsedInfer, parse_infer_request, render_infer_response
 from workers.errors import WorkerError
+from workers.worker import FINAL_FLAG as FINAL
 
 log = structlog.get_logger("ferry.gateway.streams")
 
-FINAL = "triton_final_response"
 Render = Callable[[Reply], dict[str, Any]]
 Target = tuple[str, str]
 

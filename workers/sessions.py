@@ -35,6 +35,7 @@ class Route:
 
 
 HERE = Route()
+CHANNEL_PARAMETER = "sequence_channel"  # the reply parameter naming a sequence's session channel
 
 
 class SessionRouting(Protocol):

@@ -55,7 +55,7 @@ from workers.recovery import (
 )
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.runner import ModelRunner, error_of
-from workers.sessions import LocalSessions, SequenceLocks, SessionRouting
+from workers.sessions import CHANNEL_PARAMETER, LocalSessions, SequenceLocks, SessionRouting
 
 log = structlog.get_logger("ferry.worker")
 
@@ -349,7 +349,7 @@ class Worker:
             return
         response = await self._respond(model, request)
         if route.home is not None:
-            response = dataclasses.replace(response, parameters={**response.parameters, "sequence_channel": route.home})
+            response = dataclasses.replace(response, parameters={**response.parameters, CHANNEL_PARAMETER: route.home})
         await self._reply(model, delivery, request, response)
 
     async def _stream(self, model: str, delivery: Delivery, request: Request) -> None:
@@ -365,8 +365,6 @@ class Worker:
                 await self._reply(model, delivery, request, _stream_response(runner, request, outputs), ack=False)
             final = Response(id=request.id, model=runner.entry.name, model_version=str(runner.version),
                              parameters={FINAL_FLAG: True})
-        except TransportError:
-            raise
         except Exception as exc:
             final = self._error_response(request, exc, parameters={FINAL_FLAG: True})
         await self._reply(model, delivery, request, final)
