@@ -8,6 +8,9 @@ import asyncio
 import json
 import shutil
 import struct
+import subprocess
+import sys
+import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import websockets
 from gateway.speech_client import SpeechSession, Transcript, stream_samples
 from tests.fleet.processes import Fleet, FerryProcess
 from tests.redis_server import flushdb
-from tests.speech.audio import ESPEAK, silence, speak
+from tests.speech.audio import ESPEAK, silence, speak, write_wav
 
 if ESPEAK is None:
     pytest.skip("the speech tests need espeak-ng (apt-get install espeak-ng)", allow_module_level=True)
@@ -220,3 +223,22 @@ def test_the_gateway_websocket_bridges_speech_sessions(
     final = " ".join(o["TEXT"] for o in outputs if o["IS_FINAL"] and o["TEXT"])
     assert SENTENCES["please open the door"] <= set(final.split()), final
     assert len({r["parameters"]["sequence_channel"] for r in replies}) == 1  # type: ignore[index]
+
+
+def test_ferry_speech_streams_a_wav_file_and_prints_the_transcript(
+        clean_redis: str, repo: Path, tmp_path: Path, speech: Callable[[str], np.ndarray]) -> None:
+    wav = tmp_path / "coffee.wav"
+    write_wav(wav, speech("i would like a cup of coffee"))
+    narrow = tmp_path / "narrow.wav"
+    with wave.open(str(narrow), "wb") as out:
+        out.setnchannels(1), out.setsampwidth(2), out.setframerate(8000)
+        out.writeframes(np.zeros(800, "<i2").tobytes())
+    command = [sys.executable, "-m", "gateway.cli", "speech", "--broker", clean_redis]
+    with Fleet(clean_redis, repo, tmp_path) as fleet:
+        fleet.worker("w1", *WORKER_OPTIONS)
+        shown = subprocess.run([*command, str(wav)], capture_output=True, text=True, timeout=120)
+        refused = subprocess.run([*command, str(narrow)], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    finals = [line for line in shown.stdout.split("\r") if "ms)" in line]
+    assert finals and SENTENCES["i would like a cup of coffee"] <= set(finals[-1].split()), shown.stdout
+    assert refused.returncode == 1 and "8000 Hz" in refused.stderr and "narrow.wav" in refused.stderr
