@@ -6,10 +6,11 @@ sequence's channel it publishes later steps straight there, in order, so a
 client may send steps without waiting for each answer. Until it knows, a
 step waits for the one before it to be answered: a worker forwards a step
 that reached it on the shared channel, and two steps forwarded by different
-workers could overtake each other.
+workers could overtake each other. A START for a sequence with a known home
+goes there too, and restarts it there.
 
     async with homes.ordered(model, sequence_id):  # one step at a time, first come first served
-        channel = await homes.channel(model, sequence_id, start)
+        channel = await homes.channel(model, sequence_id)
         ...publish...
         done = homes.published(model, sequence_id)
 """
@@ -37,12 +38,10 @@ class SequenceHomes:
     def ordered(self, model: str, sequence_id: SequenceId) -> AbstractAsyncContextManager[None]:
         return self._locks.hold(model, sequence_id)
 
-    async def channel(self, model: str, sequence_id: SequenceId, start: bool) -> str | None:
+    async def channel(self, model: str, sequence_id: SequenceId) -> str | None:
         """The channel to publish this step to (None: the model's request
         channel), once the steps before it allow it to go."""
         key = (model, sequence_id)
-        if start:
-            self._homes.pop(key, None)
         previous = self._last_step.get(key)
         if key not in self._homes and previous is not None:
             await asyncio.shield(previous)

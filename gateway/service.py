@@ -125,7 +125,7 @@ class InferenceService:
             return _ignore
         homes, model = self._homes, request.model
         async with homes.ordered(model, sequence_id):
-            channel = await homes.channel(model, sequence_id, request.sequence_start)
+            channel = await homes.channel(model, sequence_id)
             await self.publish(request, channel)
             done = homes.published(model, sequence_id)
         return lambda response: homes.answered(model, sequence_id, request.sequence_end, response, done)

@@ -68,22 +68,23 @@ class RedisSessions:
         if sequence_id is None or not self._forwarding:
             return HERE
         own = channels.session_channel(model, self._worker_id, self._prefix)
-        if request.sequence_start or channel in self.channels(model):
+        if channel in self.channels(model):
             return Route(home=own if request.sequence_start else channel)
         with translated(RedisError, "redis"):
             home = await self._redis.get(channels.session_key(model, sequence_id, self._prefix))
         if home is None:
-            return HERE
+            return Route(home=own) if request.sequence_start else HERE
         home_channel = home.decode()
         if home_channel in self.channels(model):
-            return Route(home=home_channel)
+            return Route(home=own if request.sequence_start else home_channel)
+        # A live sequence's id started again goes to its home too, which restarts it there.
         return Route(forward_to=home_channel, home=home_channel)
 
     def state_store(self, config: ModelConfig) -> StateStore:
         model = config.name
         home = channels.session_channel(model, self._worker_id, self._prefix)
         idle_s = config.sequence_batching.idle_s if config.sequence_batching else 0.0
-        return RedisStates(self._redis, model, home, checkpointing(config),
+        return RedisStates(self._redis, model, home, lambda: self.channels(model), checkpointing(config),
                            max(MIN_KEY_TTL_S, 2 * idle_s), self._prefix)
 
     async def maintain(self, models: Iterable[str]) -> dict[str, list[str]]:
@@ -143,14 +144,27 @@ def checkpointing(config: ModelConfig) -> bool:
     return value not in ("false", "0", "no", "off")
 
 
+# Forget a sequence only while it is still ours: after a restart on another
+# worker, the keys are that worker's.
+_DROP_IF_HELD = """
+local home = redis.call('GET', KEYS[1])
+for _, mine in ipairs(ARGV) do
+  if home == mine then return redis.call('DEL', KEYS[1], KEYS[2]) end
+end
+return 0
+"""
+
+
 class RedisStates:
     """One model's ``StateStore`` on Redis."""
 
-    def __init__(self, redis: aioredis.Redis, model: str, home: str, checkpointing: bool,
-                 ttl_s: float, prefix: str) -> None:
+    def __init__(self, redis: aioredis.Redis, model: str, home: str, held: Callable[[], tuple[str, ...]],
+                 checkpointing: bool, ttl_s: float, prefix: str) -> None:
         self._redis = redis
         self._model = model
         self._home = home
+        self._held = held
+        self._drop_if_held = redis.register_script(_DROP_IF_HELD)
         self._checkpointing = checkpointing
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._prefix = prefix
@@ -180,7 +194,8 @@ class RedisStates:
 
     async def drop(self, sequence_id: SequenceId) -> None:
         with translated(RedisError, "redis"):
-            await self._redis.delete(self._session_key(sequence_id), self._state_key(sequence_id))
+            await self._drop_if_held(keys=[self._session_key(sequence_id), self._state_key(sequence_id)],
+                                     args=list(self._held()))
 
     def _session_key(self, sequence_id: SequenceId) -> str:
         return channels.session_key(self._model, sequence_id, self._prefix)

@@ -4,6 +4,7 @@ another, or, without checkpoints, fails with an explicit "session lost"."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.fleet.processes import Fleet, FerryProcess, Gateway
+from tests.fleet.processes import Fleet, FerryProcess, Gateway, wait_for
 from tests.redis_server import flushdb
 from tests.workers.sequences.accumulator import write_accumulator
 
@@ -115,3 +116,23 @@ def test_steps_outside_a_live_sequence_get_clear_errors(clean_redis: str, tmp_pa
     assert [e.status() for e in errors] == ["400", "400"]
     assert all("sequence_start" in str(e) for e in errors), [str(e) for e in errors]
     assert good[0] == 2
+
+
+def test_a_live_sequence_started_again_restarts_at_its_home(clean_redis: str, tmp_path: Path) -> None:
+    write_accumulator(tmp_path / "repo")
+    with Fleet(clean_redis, tmp_path / "repo", tmp_path) as fleet:
+        gateway, _ = start_fleet(fleet, 2)
+        client = httpclient.InferenceServerClient(gateway.url)
+        home_pid = [step(client, 31, x, start=x == 1) for x in (1, 2)][-1][1]
+        client.close()
+        restarts = []
+        for attempt in range(6):  # straight onto the shared stream, as a producer would
+            body = json.dumps({"parameters": {"sequence_id": 31, "sequence_start": True},
+                               "inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [100]}]})
+            fleet.redis.xadd("ferry.accumulator.requests", {"d": body, "h.content-type": "application/json",
+                                                             "h.reply-to": "restarts", "h.request-id": f"r{attempt}"})
+            wait_for(lambda: fleet.redis.xlen("restarts") > attempt, 30, "a reply to the restart")
+        for _, fields in fleet.redis.xrange("restarts"):
+            outputs = {o["name"]: o["data"][0] for o in json.loads(fields[b"d"])["outputs"]}
+            restarts.append((outputs["SUM"], outputs["PID"]))
+    assert restarts == [(100, home_pid)] * 6
