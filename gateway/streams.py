@@ -144,6 +144,10 @@ class StreamRoutes:
         except (GatewayError, WorkerError) as exc:
             await sender.send(render_error(None, str(exc), request_id))
             return
+        except Exception as exc:  # the broker failed: this request fails, the socket stays
+            log.exception("ws.request_failed", error=str(exc))
+            await sender.send(render_error(None, f"internal error: {type(exc).__name__}: {exc}", request_id))
+            return
         sender.pump(rendered(replies, render_v2, skip_empty_final=False, request_id=request_id))
 
     def _ws_request(self, message: dict[str, Any]) -> ParsedInfer:
