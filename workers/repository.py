@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from workers.backends import PLATFORMS
 from workers.autocomplete import OnnxSignature, autocomplete, read_signature
 from workers.config import ModelConfig, VersionPolicy, load_config, load_version_policy
 from workers.errors import ConfigError, ModelNotFound
@@ -33,10 +34,14 @@ from workers.pbtxt import parse_file
 log = structlog.get_logger(__name__)
 
 CONFIG_FILENAME = "config.pbtxt"
-DEFAULT_MODEL_FILENAMES: Mapping[str, str] = MappingProxyType(
-    {"onnxruntime": "model.onnx", "python": "model.py"}
-)
-PLATFORM_BACKENDS: Mapping[str, str] = MappingProxyType({"onnxruntime_onnx": "onnxruntime"})
+DEFAULT_MODEL_FILENAMES: Mapping[str, str] = MappingProxyType({
+    "onnxruntime": "model.onnx",
+    "python": "model.py",
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    "openvino": "model.xml",
+})
+PLATFORM_BACKENDS: Mapping[str, str] = PLATFORMS
 AUTOCOMPLETED_BACKENDS = ("onnxruntime",)
 
 # Triton ignores version directories that are not numbers or start with 0.

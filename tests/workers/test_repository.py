@@ -288,7 +288,7 @@ def test_missing_onnx_file_for_autocomplete(tmp_path: Path) -> None:
 
 
 def test_unknown_platform_is_rejected(tmp_path: Path) -> None:
-    write_model(tmp_path, "m", 'platform: "tensorrt_plan"')
+    write_model(tmp_path, "m", 'platform: "caffe2_netdef"')
     with pytest.raises(ConfigError) as caught:
         ModelRepository(tmp_path).entry("m")
     assert caught.value.field == "platform"
