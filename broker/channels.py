@@ -99,3 +99,17 @@ def session_key(model: str, sequence_id: int | str, prefix: str = PREFIX) -> str
 def state_key(model: str, sequence_id: int | str, prefix: str = PREFIX) -> str:
     """A sequence's last checkpoint."""
     return f"{prefix}.{model}.state.{_sequence_tag(sequence_id)}"
+
+
+def control_channel(prefix: str = PREFIX) -> str:
+    """Load and unload requests for every worker (model control)."""
+    return f"{prefix}.control"
+
+
+def control_group(worker_id: str, prefix: str = PREFIX) -> str:
+    # A group per worker, so every worker reads every control message (a broadcast).
+    return f"{prefix}.control.{worker_id}"
+
+
+def control_reply_channel(gateway_id: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}.control.replies.{gateway_id}"

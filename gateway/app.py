@@ -23,6 +23,8 @@ from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, QueueF
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
+from gateway.management import ModelManager
+from gateway.management_http import ManagementRoutes, Restriction
 from gateway.metadata import model_metadata, server_metadata
 from gateway.service import InferenceService
 from gateway.status import status_for, status_for_code
@@ -39,23 +41,28 @@ HEADER_LENGTH = "inference-header-content-length"
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
     max_body_bytes: int = 64 * 1024 * 1024
+    restriction: Restriction | None = None  # model-repository routes need this header
 
 
 Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(),
-               lifespan: Lifespan | None = None, jobs: JobService | None = None) -> Starlette:
+               lifespan: Lifespan | None = None, jobs: JobService | None = None,
+               manager: ModelManager | None = None) -> Starlette:
     """Without ``jobs``, ``Prefer: respond-async`` is ignored (RFC 7240 lets a
-    server decline a preference) and infer answers synchronously."""
+    server decline a preference) and infer answers synchronously. Without
+    ``manager``, load and unload are refused (model control mode ``none``)."""
     api = _Api(service, settings, jobs)
+    management = ManagementRoutes(manager or ModelManager(service.catalog, None), api.read_body,
+                                  settings.restriction)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
     routes = [
         Route("/v2/health/live", api.live, methods=["GET"]),
         Route("/v2/health/ready", api.ready, methods=["GET"]),
         Route("/v2", api.server, methods=["GET"]),
-        Route("/v2/repository/index", api.index, methods=["POST"]),
+        *management.routes(),
     ]
     if jobs is not None:
         routes.append(Route("/v2/jobs/{job_id}", api.job, methods=["GET", "DELETE"]))
@@ -99,7 +106,7 @@ class _Api:
         self._jobs = jobs
         self._catalog = service.catalog
         self._settings = settings
-        self.streams = StreamRoutes(service, self._read_body, self._target, _header_length, settings.max_body_bytes)
+        self.streams = StreamRoutes(service, self.read_body, self._target, _header_length, settings.max_body_bytes)
 
     async def live(self, request: Request) -> Response:
         return Response(status_code=200)
@@ -109,9 +116,6 @@ class _Api:
 
     async def server(self, request: Request) -> Response:
         return json_response(server_metadata())
-
-    async def index(self, request: Request) -> Response:
-        return json_response(self._catalog.states())
 
     async def model(self, request: Request) -> Response:
         return await self._guard(self._model, request)
@@ -184,7 +188,7 @@ class _Api:
     async def _infer(self, request: Request) -> Response:
         name, version = self._target(request)
         self._catalog.version(name, version)  # an unknown model is refused before its body is read
-        body = await self._read_body(request)
+        body = await self.read_body(request)
         parsed = parse_infer_request(body, _header_length(request))
         trace = {"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {}
         if self._jobs is not None and prefers_async(request.headers.getlist("prefer")):
@@ -211,7 +215,7 @@ class _Api:
             return json_response({**_job_status(job), "error": error.message if error else "failed"})
         return json_response(_job_status(job))
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         limit = self._settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:

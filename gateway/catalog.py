@@ -1,12 +1,16 @@
 """What the gateway knows about models: their configs, and which are ready.
 
-Configs come from the model repository the gateway is pointed at; readiness
-comes from whoever serves the models (in one process, the local worker).
+Configs come from the model repository the gateway is pointed at (or from a
+load request's overrides, once loaded); readiness comes from whoever serves
+the models (in one process, the local worker). ``expected`` is what the
+server must serve to be ready: every model, or in explicit model control
+mode the ones loaded so far.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
 
 from workers.errors import ConfigError, ModelNotFound
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
@@ -15,17 +19,38 @@ ReadyVersions = Callable[[], dict[str, tuple[int, ...]]]
 
 
 class ModelCatalog:
-    def __init__(self, repository: ModelRepository, ready: ReadyVersions) -> None:
+    def __init__(self, repository: ModelRepository, ready: ReadyVersions,
+                 expected: Iterable[str] | None = None) -> None:
         self._repository = repository
         self._ready = ready
         self._index: RepositoryIndex = repository.scan()
+        self._expected = None if expected is None else set(expected)
+        self._unloaded: set[str] = set()
 
     @property
     def index(self) -> RepositoryIndex:
         return self._index
 
+    @property
+    def repository(self) -> ModelRepository:
+        return self._repository
+
     def refresh(self) -> None:
         self._index = self._repository.scan()
+
+    def install(self, name: str, entry: ModelEntry) -> None:
+        """``name`` is loaded as ``entry`` (read afresh, perhaps with overrides)."""
+        errors = {k: v for k, v in self._index.errors.items() if k != name}
+        self._index = RepositoryIndex(MappingProxyType({**self._index.entries, name: entry}),
+                                      MappingProxyType(errors))
+        self._unloaded.discard(name)
+        if self._expected is not None:
+            self._expected.add(name)
+
+    def unloaded(self, name: str) -> None:
+        self._unloaded.add(name)
+        if self._expected is not None:
+            self._expected.discard(name)
 
     def names(self) -> list[str]:
         return sorted({*self._index.entries, *self._index.errors})
@@ -57,9 +82,10 @@ class ModelCatalog:
 
     def all_ready(self) -> bool:
         served = self._ready()
-        return all(served.get(name) for name in self._index.entries)
+        expected = self._index.entries if self._expected is None else self._expected
+        return all(served.get(name) for name in expected)
 
-    def states(self) -> list[dict[str, str]]:
+    def states(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Rows for the repository index: name, version, state, reason."""
         rows: list[dict[str, str]] = []
         for name in self.names():
@@ -68,7 +94,17 @@ class ModelCatalog:
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": str(self._index.errors[name])})
                 continue
             ready = self.ready_versions(name)
-            for version in entry.versions:
-                state = "READY" if version in ready else "UNAVAILABLE"
-                rows.append({"name": name, "version": str(version), "state": state})
-        return rows
+            for version in sorted({*entry.versions, *ready}):
+                if version in ready:
+                    rows.append({"name": name, "version": str(version), "state": "READY", "reason": ""})
+                else:
+                    rows.append({"name": name, "version": str(version), "state": "UNAVAILABLE",
+                                 "reason": self._reason(name)})
+        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
+
+    def _reason(self, name: str) -> str:
+        if name in self._unloaded:
+            return "unloaded"
+        if self._expected is not None and name not in self._expected:
+            return f"not loaded (explicit model control: POST /v2/repository/models/{name}/load)"
+        return "not served by any live worker"

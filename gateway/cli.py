@@ -18,8 +18,11 @@ from gateway.embedded import ServeSettings, build_app
 from gateway.fleet import WorkerProcessSettings, build_gateway_app, run_worker
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.logs import configure_logging
+from gateway.management import ManagementSettings
+from gateway.management_http import Restriction
 from gateway.service import ServiceSettings
 from gateway import speech_cli
+from workers.control import MODES, ControlSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
 from workers.worker import WorkerSettings
@@ -54,6 +57,13 @@ def _common_options() -> argparse.ArgumentParser:
     options.add_argument("--job-store", default="",
                          help="where async jobs live: redis://HOST:PORT/DB (default: the broker's Redis, "
                               "else the gateway's memory)")
+    options.add_argument("--model-control-mode", choices=MODES, default="none",
+                         help="none: load every model at start, refuse load/unload; poll: also reload what "
+                              "changes in the repository; explicit: load --load-model models, then on request")
+    options.add_argument("--repository-poll-secs", type=float, default=15.0,
+                         help="poll mode: how often to scan the repository")
+    options.add_argument("--load-model", action="append", default=[], metavar="MODEL",
+                         help="explicit mode: a model to load at start (repeatable; '*' = all)")
     return options
 
 
@@ -64,6 +74,10 @@ def _http_options() -> argparse.ArgumentParser:
     options.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     options.add_argument("--job-ttl-s", type=float, default=DEFAULT_TTL_S,
                          help="how long an async job and its result are kept")
+    options.add_argument("--http-restricted-api", default="", metavar="model-repository:HEADER=VALUE",
+                         help="the repository index, load and unload need this header and value (else 403)")
+    options.add_argument("--model-load-timeout-s", type=float, default=120.0,
+                         help="how long a load or unload waits for the workers")
     return options
 
 
@@ -95,6 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"ferry: --model-repository {args.model_repository} is not a directory")
     if args.command in ("gateway", "worker") and urlsplit(args.broker).scheme not in ("redis", "kafka"):
         raise SystemExit(f"ferry {args.command}: --broker must be a shared broker ({SHARED})")
+    if args.load_model and args.model_control_mode != "explicit":
+        raise SystemExit("ferry: --load-model requires --model-control-mode=explicit")
+    if args.repository_poll_secs <= 0:
+        raise SystemExit("ferry: --repository-poll-secs must be above 0")
     if args.command == "serve":
         _run_http(args, build_app(_serve_settings(args)))
     elif args.command == "gateway":
@@ -115,7 +133,14 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
                                 route_sequences=urlsplit(args.broker).scheme == "redis"),
         job_ttl_s=args.job_ttl_s,
         job_store_url=args.job_store,
+        management=ManagementSettings(_control(args), args.model_load_timeout_s),
     )
+    if args.http_restricted_api:
+        try:
+            restriction = Restriction.parse(args.http_restricted_api)
+        except ValueError as exc:
+            raise SystemExit(f"ferry: --http-restricted-api: {exc}") from None
+        settings = replace(settings, http=replace(settings.http, restriction=restriction))
     if args.command != "serve":
         return settings
     return replace(settings, worker=_worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s))
@@ -128,8 +153,14 @@ def _worker_settings(args: argparse.Namespace) -> WorkerSettings:
         retry = urlsplit(args.broker).scheme != "memory"
     recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries, retry)
     models = tuple(name.strip() for name in args.models.split(",") if name.strip())
-    settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix)
+    settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
+                              control=_control(args))
     return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
+
+
+def _control(args: argparse.Namespace) -> ControlSettings:
+    names = tuple(name.strip() for name in args.load_model if name.strip())
+    return ControlSettings(args.model_control_mode, args.repository_poll_secs, names)
 
 
 def _run_http(args: argparse.Namespace, app: Starlette) -> None:

@@ -2,13 +2,17 @@
 
 On a shared broker (``redis://`` or ``kafka://``) the worker also heartbeats, so gateways
 started elsewhere with ``ferry gateway`` count it as serving its models.
+
+Model control (``ServeSettings.management``) goes through the broker's control
+channel even in one process, so ``ferry serve`` loads and unloads exactly as a
+fleet does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,12 +23,16 @@ from broker.transports import open_transport
 from gateway.app import HttpSettings, create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
+from gateway.control_client import ControlClient
+from gateway.management import ManagementSettings, ModelManager
 from gateway.jobs import DEFAULT_TTL_S, JobSettings, build_jobs
 from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService, ServiceSettings
 from gateway.shared import open_heartbeats, open_jobs_store
-from workers.heartbeat import Heartbeat, HeartbeatSettings
+from workers.control_listener import ControlListener
+from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore
+from workers.repository_poll import RepositoryPoller
 from workers.repository import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
@@ -40,6 +48,7 @@ class ServeSettings:
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     job_ttl_s: float = DEFAULT_TTL_S
     job_store_url: str = ""  # default: the broker's Redis, else this process
+    management: ManagementSettings = ManagementSettings()
 
 
 def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:
@@ -50,7 +59,7 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
                             settings.service.channel_prefix)
     worker = Worker(transport, repository, settings.worker, job_gate=store, message_format=V2MessageFormat())
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
-    catalog = ModelCatalog(repository, worker.ready_models)
+    catalog = ModelCatalog(repository, worker.ready_models, settings.management.control.expected_models)
     limits = QueueLimits(transport, settings.service.channel_prefix)
     service = InferenceService(transport, router, catalog, settings.service, limits=limits)
     jobs = build_jobs(transport, store, service, settings.gateway_id,
@@ -60,17 +69,30 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     heartbeat = None if heartbeats is None else Heartbeat(
         heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat
     )
+    prefix = settings.service.channel_prefix
+    listener = ControlListener(transport, worker, settings.worker.control, prefix)
+    control = ControlClient(transport, settings.gateway_id, live_workers(heartbeats, worker.worker_id), prefix)
+    manager = ModelManager(catalog, control, settings.management)
+    poller = RepositoryPoller(repository, worker, settings.worker.control.poll_s)
+    polling = settings.worker.control.mode == "poll"
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await router.start()
         await jobs.start()
         await worker.start(catalog.index)
+        await listener.start()
+        if polling:
+            await poller.start()
+        await manager.start()
         if heartbeat is not None:
             await heartbeat.start()
         try:
             yield
         finally:
+            await manager.aclose()
+            await poller.aclose()
+            await listener.aclose()
             if heartbeat is not None:
                 # On a shared broker, what this worker took must still be answered.
                 await heartbeat.aclose()
@@ -82,4 +104,13 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
             await router.aclose()
             await transport.aclose()
 
-    return create_app(service, settings.http, lifespan, jobs=jobs)
+    return create_app(service, settings.http, lifespan, jobs=jobs, manager=manager)
+
+
+def live_workers(heartbeats: HeartbeatStore | None, local_worker: str) -> Callable[[], Awaitable[set[str]]]:
+    """Who must answer a control message: every live worker, or the one in this process."""
+
+    async def live() -> set[str]:
+        return {local_worker} if heartbeats is None else set(await heartbeats.live())
+
+    return live

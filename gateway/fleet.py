@@ -3,6 +3,9 @@
 ``build_gateway_app`` is the HTTP gateway alone: it learns which models are
 ready from the workers' heartbeats (``FleetReadiness``). ``run_worker`` is a
 worker alone: it heartbeats, serves until SIGTERM or SIGINT, then drains.
+Model control travels on the broker's control channel: the gateway publishes
+loads and unloads, every worker applies them (``workers.control_listener``),
+and readiness comes back through the heartbeats.
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ from broker.transports import open_transport
 from gateway.app import create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
+from gateway.control_client import ControlClient
+from gateway.management import ModelManager
 from gateway.jobs import JobSettings, build_jobs
-from gateway.embedded import ServeSettings
+from gateway.embedded import ServeSettings, live_workers
 from gateway.message_format import V2MessageFormat
 from gateway.replies import ReplyRouter
 from gateway.service import InferenceService
 from gateway.shared import open_heartbeats, open_job_gate, open_jobs_store, open_sessions
+from workers.control_listener import ControlListener
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, ServedModels
+from workers.repository_poll import RepositoryPoller
 from workers.repository import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
@@ -102,28 +109,34 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
     assert heartbeats is not None, "a gateway alone needs a shared broker"
     readiness = FleetReadiness(heartbeats, readiness_refresh_s)
     router = ReplyRouter(transport, settings.gateway_id, settings.service.channel_prefix)
-    catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness)
+    catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness,
+                           settings.management.control.expected_models)
     limits = QueueLimits(transport, settings.service.channel_prefix)
     service = InferenceService(transport, router, catalog, settings.service, limits=limits)
     store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s, prefix)
     jobs = build_jobs(transport, store, service, settings.gateway_id,
                       JobSettings(channel_prefix=settings.service.channel_prefix))
+    # The local id is never live here: a gateway alone waits on the fleet's heartbeats.
+    control = ControlClient(transport, settings.gateway_id, live_workers(heartbeats, ""), prefix)
+    manager = ModelManager(catalog, control, settings.management)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await router.start()
         await jobs.start()
         await readiness.start()
+        await manager.start()
         try:
             yield
         finally:
+            await manager.aclose()
             await readiness.aclose()
             await jobs.aclose()
             await router.aclose()
             await heartbeats.aclose()
             await transport.aclose()
 
-    return create_app(service, settings.http, lifespan, jobs=jobs)
+    return create_app(service, settings.http, lifespan, jobs=jobs, manager=manager)
 
 
 async def run_worker(settings: WorkerProcessSettings) -> None:
@@ -139,19 +152,30 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     job_gate = open_job_gate(settings.broker_url, settings.job_store_url, prefix)
     sessions = open_sessions(settings.broker_url, settings.worker.worker_id, heartbeats,
                              settings.session_store_url, prefix)
-    worker = Worker(transport, ModelRepository(settings.model_repository), settings.worker,
+    repository = ModelRepository(settings.model_repository)
+    worker = Worker(transport, repository, settings.worker,
                     job_gate=job_gate, message_format=V2MessageFormat(), sessions=sessions)
     heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
+    control = settings.worker.control
+    listener = ControlListener(transport, worker, control, prefix)
+    poller = RepositoryPoller(repository, worker, control.poll_s)
     try:
         await worker.start()
+        await listener.start()
+        if control.mode == "poll":
+            await poller.start()
         await heartbeat.start()
         log.info("worker.started", worker=worker.worker_id, models=worker.ready_models())
         await stop.wait()
         log.info("worker.stopping", worker=worker.worker_id)
         # Leave the fleet first so gateways stop counting on this worker.
         await heartbeat.aclose()
+        await poller.aclose()
+        await listener.aclose()
         await worker.drain()
     finally:
+        await poller.aclose()
+        await listener.aclose()
         await heartbeat.aclose()
         await worker.aclose()
         await sessions.aclose()

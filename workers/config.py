@@ -6,8 +6,9 @@ a ``ModelConfig`` with Python names (``inputs``, ``datatype="FP32"``,
 ``instance_groups``). Every problem is a ``ConfigError`` naming the file and a
 dotted field such as ``input[1].data_type``.
 
-``sequence_batching`` lives in ``workers.sequence_config``. Fields ferry does
-not implement (``model_warmup``, ``optimization``, ``input[0].format``...) are kept as pydantic extras, logged
+``sequence_batching`` lives in ``workers.sequence_config``, ``optimization`` (its
+execution accelerators) in ``workers.optimization_config``. Fields ferry does
+not implement (``optimization.graph``, ``input[0].format``...) are kept as pydantic extras, logged
 once each as ``config.unsupported_field`` and passed through by ``to_json``.
 """
 
@@ -21,9 +22,12 @@ import structlog
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
 from workers.datatypes import DATATYPES, element_count, from_config_name, to_config_name
+from workers.ensemble.config import EnsembleScheduling, check as check_ensemble
 from workers.errors import ConfigError, InvalidInput, TensorError
+from workers.optimization_config import Optimization
 from workers.pbtxt import parse_file
 from workers.sequence_config import SequenceBatching, check as check_sequence_batching
+from workers.warmup_config import Warmup
 
 log = structlog.get_logger(__name__)
 
@@ -172,6 +176,7 @@ class ModelConfig(_Model):
     outputs: tuple[OutputConfig, ...] = Field((), alias="output")
     dynamic_batching: DynamicBatching | None = None
     sequence_batching: SequenceBatching | None = None
+    ensemble_scheduling: EnsembleScheduling | None = None  # workers.ensemble.config
     model_transaction_policy: TransactionPolicy = TransactionPolicy()
     instance_groups: tuple[InstanceGroup, ...] = Field(
         (InstanceGroup(),), alias="instance_group", min_length=1
@@ -179,6 +184,8 @@ class ModelConfig(_Model):
     version_policy: VersionPolicy = VersionPolicy()
     parameters: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_parameters)] = Field(default_factory=dict)
     default_model_filename: StrictStr = ""
+    optimization: Optimization | None = None
+    model_warmup: Warmup = ()
 
     @property
     def batching_enabled(self) -> bool:
@@ -253,6 +260,12 @@ class ModelConfig(_Model):
             body["sequence_batching"] = _sequence_json(self.sequence_batching)
         if self.decoupled:
             body["model_transaction_policy"] = {"decoupled": True}
+        if self.ensemble_scheduling is not None:
+            body["ensemble_scheduling"] = self.ensemble_scheduling.to_json()
+        if self.optimization is not None:
+            body["optimization"] = self.optimization.to_json()
+        if self.model_warmup:
+            body["model_warmup"] = [sample.to_json() for sample in self.model_warmup]
         body.update(self.extras)
         return _plain(body)
 
@@ -352,7 +365,14 @@ def _check(path: Path, config: ModelConfig) -> None:
         if config.decoupled:
             raise ConfigError(str(path), "model_transaction_policy.decoupled",
                               "ferry does not run decoupled models with sequence_batching")
+    check_ensemble(path, config.ensemble_scheduling, config.platform, [t.name for t in config.inputs],
+                   [t.name for t in config.outputs], _set_fields(config))
     _check_version_policy(path, config.version_policy)
+
+
+def _set_fields(config: ModelConfig) -> list[str]:
+    fields = [name for name in ("dynamic_batching", "sequence_batching") if getattr(config, name) is not None]
+    return fields + (["model_transaction_policy.decoupled"] if config.decoupled else [])
 
 
 def _check_unique(path: Path, kind: str, tensors: tuple[TensorConfig, ...]) -> None:

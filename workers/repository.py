@@ -10,7 +10,7 @@ the disk and never follows one outside the root.
 
 Backend choice: the config's ``backend``, else its ``platform``, else the
 file in the newest version directory (``model.onnx`` means onnxruntime,
-``model.py`` python). ONNX configs are always completed from the model (an
+``model.py`` python, ``model.pt`` or ``model.pt2`` pytorch). ONNX configs are always completed from the model (an
 absent ``config.pbtxt`` included); python models need a ``config.pbtxt``.
 """
 
@@ -26,8 +26,10 @@ from typing import Any
 import structlog
 
 from workers.backends import PLATFORMS
+from workers.backends.tree_runtimes import fil_model_filename
 from workers.autocomplete import OnnxSignature, autocomplete, read_signature
 from workers.config import ModelConfig, VersionPolicy, load_config, load_version_policy
+from workers.ensemble.config import PLATFORM as ENSEMBLE_PLATFORM, step_errors as ensemble_step_errors
 from workers.errors import ConfigError, ModelNotFound
 from workers.pbtxt import parse_file
 
@@ -41,6 +43,8 @@ DEFAULT_MODEL_FILENAMES: Mapping[str, str] = MappingProxyType({
     "tensorrt": "model.plan",
     "openvino": "model.xml",
 })
+# Files that also tell their backend when found, beyond the defaults above.
+ALTERNATE_MODEL_FILENAMES: Mapping[str, str] = MappingProxyType({"model.pt2": "pytorch"})
 PLATFORM_BACKENDS: Mapping[str, str] = PLATFORMS
 AUTOCOMPLETED_BACKENDS = ("onnxruntime",)
 
@@ -103,14 +107,26 @@ class ModelRepository:
             except (ConfigError, ModelNotFound) as err:
                 errors[name] = _as_config_error(self.root / name, err)
                 log.warning("repository.model_rejected", model=name, error=str(errors[name]))
+        for name, error in ensemble_step_errors(entries, CONFIG_FILENAME).items():
+            del entries[name]
+            errors[name] = error
+            log.warning("repository.model_rejected", model=name, error=str(error))
         return RepositoryIndex(MappingProxyType(entries), MappingProxyType(errors))
 
-    def entry(self, name: str) -> ModelEntry:
-        """Load one model afresh; ``ModelNotFound`` for names that are not models here."""
-        path = self._model_dir(name)
+    def entry(self, name: str, config: Mapping[str, Any] | None = None, path: Path | None = None) -> ModelEntry:
+        """Load one model afresh; ``ModelNotFound`` for names that are not models here.
+
+        A load request's overrides replace the config (``config``, parsed
+        values whose name is already checked) or the whole directory (``path``,
+        a directory ferry wrote); the name is checked either way."""
+        repository_dir = self._model_dir(name)
+        path = path or repository_dir
         config_path = path / CONFIG_FILENAME
-        raw = _raw_config(config_path, name)
+        raw = _raw_config(config_path, name) if config is None else {**config, "name": name}
         available = _version_dirs(path)
+        if raw.get("platform") == ENSEMBLE_PLATFORM:  # no backend, no model file: its steps are other models
+            policy = load_version_policy(config_path, raw.get("version_policy"))
+            return ModelEntry(name, path, load_config(config_path, raw), _select_versions(config_path, policy, available))
         backend = self._backend(config_path, raw, path, available)
         filename = self._model_filename(config_path, raw, backend)
         policy = load_version_policy(config_path, raw.get("version_policy"))
@@ -172,20 +188,32 @@ class ModelRepository:
         given = raw.get("default_model_filename")
         if isinstance(given, str) and given:
             # A named model file tells the backend by its extension (net.onnx -> onnxruntime).
-            for backend, filename in self._filenames.items():
+            for backend, filename in self._detectable():
                 if Path(given).suffix == Path(filename).suffix:
                     return backend
         for version in reversed(available):
-            for backend, filename in self._filenames.items():
+            for backend, filename in self._detectable():
                 if (path / str(version) / filename).is_file():
+                    if filename != self._filenames.get(backend):
+                        raw.setdefault("default_model_filename", filename)
                     return backend
         files = " or ".join(self._filenames.values())
         raise ConfigError(
             str(config_path), "backend", f"not set, and no version directory holds {files} to tell it by",
         )
 
+    def _detectable(self) -> list[tuple[str, str]]:
+        """(backend, file name) pairs that tell a backend by the model file."""
+        return [*self._filenames.items(), *((b, f) for f, b in ALTERNATE_MODEL_FILENAMES.items())]
+
     def _model_filename(self, config_path: Path, raw: dict[str, Any], backend: str) -> str:
         filename = raw.get("default_model_filename") or self._filenames.get(backend)
+        if backend == "fil":  # as in Triton's FIL backend, parameters.model_type names the file
+            try:
+                filename = fil_model_filename(raw)
+            except ValueError as err:
+                field, _, message = str(err).partition(": ")
+                raise ConfigError(str(config_path), field, message) from None
         raw["default_model_filename"] = filename
         if filename is None:
             raise ConfigError(

@@ -27,6 +27,11 @@ their state is here.
 
 ``drain()`` stops fetching and waits for what is in flight to be answered and
 acked, for a clean shutdown.
+
+``load_model`` and ``unload_model`` change what is served while the worker
+runs (``workers.model_loader`` builds the runners, ``workers.model_set``
+hands them over and drains the old ones); the control mode in
+``WorkerSettings.control`` says which models load at start.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from typing import Protocol
@@ -46,10 +52,16 @@ from broker import channels
 from broker.envelope import ErrorInfo, ParamValue, Request, Response, WireTensor
 from broker.errors import EnvelopeError, TransportClosed, TransportError
 from broker.transport import Delivery, Reclaiming, Transport
+from workers.control import ControlSettings
 from workers.datatypes import encode_array
 from workers.deadletter import DeadLetters
+from workers.ensemble.broker_caller import BrokerStepCaller
+from workers.ensemble.runner import EnsembleRunner
 from workers.errors import ModelNotFound
 from workers.formats import EnvelopeFormat, MessageFormat
+from workers.model_loader import ModelLoader
+from workers.model_set import ModelSet, Served
+from workers.overrides import LoadOverrides
 from workers.recovery import (
     RETRIABLE_CODES, RecoverySettings, dead_letter_reason, exhausted, exhausted_error,
 )
@@ -72,6 +84,7 @@ class WorkerSettings:
     poll_timeout_s: float = 1.0
     channel_prefix: str = channels.PREFIX
     recovery: RecoverySettings = RecoverySettings()
+    control: ControlSettings = ControlSettings()
 
 
 RunnerFactory = Callable[[ModelEntry, int], ModelRunner]
@@ -116,12 +129,17 @@ class Worker:
         self._repository = repository
         self._settings = settings
         self._runner_factory = runner_factory or self._new_runner
-        self._runners: dict[str, dict[int, ModelRunner]] = {}
-        self._consumers: list[asyncio.Task[None]] = []
+        self._models = ModelSet()
+        self._loader = ModelLoader(repository, self._runner_factory)
+        self._model_locks: dict[str, asyncio.Lock] = {}
+        self._consumers: dict[str, asyncio.Task[None]] = {}
+        self._unloading: set[str] = set()
         self._reclaimer: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._handlers: set[asyncio.Task[None]] = set()
         self._credits: dict[str, _Credit] = {}
+        # Ensembles' steps go to their models over the broker; replies come back here.
+        self._steps = BrokerStepCaller(transport, settings.worker_id, settings.channel_prefix)
 
     @property
     def worker_id(self) -> str:
@@ -135,26 +153,67 @@ class Worker:
         await self.aclose()
 
     async def start(self, index: RepositoryIndex | None = None) -> None:
-        """Load the models; ``index`` spares a second scan when the caller has one."""
+        """Load the models the control mode starts with; ``index`` spares a
+        second scan when the caller has one."""
         index = index or self._repository.scan()
-        wanted = self._settings.models or tuple(sorted(index.entries))
-        for name in wanted:
-            entry = index.entries.get(name)
-            if entry is None:
+        served = self._settings.models or tuple(sorted(index.entries))
+        for name in self._settings.control.startup_models(served):
+            if name not in index.entries:
                 log.error("worker.model_unavailable", model=name, worker=self.worker_id,
                           reason=str(index.errors.get(name, "not in the repository")))
                 continue
-            await self._load(entry)
-        for name, versions in self._runners.items():
-            capacity = max(runner.capacity for runner in versions.values())
-            limit = min(self._settings.max_in_flight, capacity * max(1, self._settings.prefetch))
-            self._credits[name] = _Credit(max(limit, 1))
-            self._consumers.append(asyncio.create_task(self._consume(name), name=f"consume-{name}"))
-        if self._runners:
-            self._reclaimer = asyncio.create_task(self._maintain(), name="maintain")
+            try:
+                await self.load_model(name)
+            except Exception as exc:
+                log.error("worker.load_failed", model=name, worker=self.worker_id, error=str(exc))
 
     def ready_models(self) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(sorted(versions)) for name, versions in self._runners.items()}
+        return self._models.ready()
+
+    def serves(self, model: str) -> bool:
+        """Whether this worker may serve ``model`` (``WorkerSettings.models``)."""
+        return not self._settings.models or model in self._settings.models
+
+    async def load_model(self, model: str, overrides: LoadOverrides = LoadOverrides()) -> tuple[int, ...]:
+        """Load or reload ``model``; return once its versions are ready, after
+        the versions it replaced have answered what they were computing."""
+        async with self._model_locks.setdefault(model, asyncio.Lock()):
+            served = await self._loader.build(model, overrides, self._models.get(model))
+            retired = self._models.install(model, served)
+            self._serve(model, served)
+            await self._models.retire(retired)
+        return tuple(sorted(served.runners))
+
+    async def unload_model(self, model: str) -> bool:
+        """Stop consuming ``model``, answer what was taken, then unload it. False if it was not loaded."""
+        async with self._model_locks.setdefault(model, asyncio.Lock()):
+            if self._models.get(model) is None:
+                return False
+            self._unloading.add(model)
+            credit = self._credits[model]
+            credit.freed.set()
+            try:
+                await asyncio.gather(self._consumers.pop(model), return_exceptions=True)
+                while credit.used:
+                    credit.freed.clear()
+                    await credit.freed.wait()
+                await self._models.retire(self._models.remove(model))
+            finally:
+                self._unloading.discard(model)
+                self._credits.pop(model, None)
+            return True
+
+    def _serve(self, model: str, served: Served) -> None:
+        """Size the model's credit to its runners and make sure it is consumed."""
+        capacity = max(runner.capacity for runner in served.runners.values())
+        limit = max(1, min(self._settings.max_in_flight, capacity * max(1, self._settings.prefetch)))
+        credit = self._credits.setdefault(model, _Credit(limit))
+        credit.limit = limit
+        credit.freed.set()
+        if model not in self._consumers and not self._stopping.is_set():
+            self._consumers[model] = asyncio.create_task(self._consume(model), name=f"consume-{model}")
+        if self._reclaimer is None and not self._stopping.is_set():
+            self._reclaimer = asyncio.create_task(self._maintain(), name="maintain")
 
     async def drain(self) -> None:
         """Stop fetching; return once every delivery taken so far is answered and acked."""
@@ -164,44 +223,38 @@ class Worker:
         await self._stop_reclaiming()
         # Each consumer finishes the fetch it is in (at most poll_timeout_s), so
         # nothing Redis already handed this consumer is left unhandled.
-        await asyncio.gather(*self._consumers, return_exceptions=True)
+        await asyncio.gather(*self._consumers.values(), return_exceptions=True)
         await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def aclose(self) -> None:
         self._stopping.set()
         await self._stop_reclaiming()
-        for task in self._consumers:
+        for task in self._consumers.values():
             task.cancel()
-        await asyncio.gather(*self._consumers, return_exceptions=True)
+        await asyncio.gather(*self._consumers.values(), return_exceptions=True)
+        # An ensemble's steps may wait on models no longer consumed: end those waits.
+        await self._steps.aclose()
         await asyncio.gather(*self._handlers, return_exceptions=True)
-        for versions in self._runners.values():
-            for runner in versions.values():
-                await runner.aclose()
-        self._runners.clear()
+        await self._models.aclose()
 
-    def _new_runner(self, entry: ModelEntry, version: int) -> ModelRunner:
+    def _new_runner(self, entry: ModelEntry, version: int) -> ModelRunner | EnsembleRunner:
+        if entry.config.ensemble_scheduling is not None:
+            return EnsembleRunner(entry, version, self._steps, lambda name: self._repository.entry(name).config,
+                                  self._settings.channel_prefix)
         return ModelRunner(entry, version, state_store=self._sessions.state_store)
 
-    async def _load(self, entry: ModelEntry) -> None:
-        for version in entry.versions:
-            runner = self._runner_factory(entry, version)
-            try:
-                await runner.start()
-            except Exception as exc:
-                log.error("worker.load_failed", model=entry.name, version=version, error=str(exc))
-                await runner.aclose()
-                continue
-            self._runners.setdefault(entry.name, {})[version] = runner
-
     def _request_channels(self, model: str) -> tuple[str, ...]:
-        levels = max(runner.priority_levels for runner in self._runners[model].values())
+        levels = max(runner.priority_levels for runner in self._models.runners(model).values())
         return channels.request_channels(model, levels, self._settings.channel_prefix)
 
     def _stateful(self, model: str) -> bool:
-        return any(r.config.sequence_batching is not None for r in self._runners.get(model, {}).values())
+        return any(r.config.sequence_batching is not None for r in self._models.runners(model).values())
 
     def _decoupled(self, model: str) -> bool:
-        return any(r.config.decoupled for r in self._runners.get(model, {}).values())
+        return any(r.config.decoupled for r in self._models.runners(model).values())
+
+    def _ensemble(self, model: str) -> bool:
+        return any(isinstance(r, EnsembleRunner) for r in self._models.runners(model).values())
 
     def _channels(self, model: str) -> tuple[str, ...]:
         """Session channels first: they carry sequences already under way."""
@@ -211,12 +264,12 @@ class Worker:
     async def _consume(self, model: str) -> None:
         group = channels.worker_group(model, self._settings.channel_prefix)
         credit = self._credits[model]
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and model not in self._unloading:
             names = self._channels(model)  # grows when a dead worker's sessions are adopted
-            while credit.room == 0 and not self._stopping.is_set():
+            while credit.room == 0 and not self._stopping.is_set() and model not in self._unloading:
                 credit.freed.clear()
                 await credit.freed.wait()
-            if self._stopping.is_set():
+            if self._stopping.is_set() or model in self._unloading:
                 return
             limit = min(self._settings.fetch_count, credit.room)
             try:
@@ -235,7 +288,9 @@ class Worker:
         recovery = self._settings.recovery
         while True:
             await asyncio.sleep(recovery.interval_s)
-            for model in list(self._runners):
+            for model in self._models.names():
+                if model in self._unloading:
+                    continue
                 # Only request channels: what sits pending on a session channel is
                 # this worker's own work, already being handled in sequence order.
                 for channel in self._request_channels(model):
@@ -249,7 +304,7 @@ class Worker:
         """Take over dead workers' session channels, handling what they left
         pending before reading anything new there."""
         try:
-            adopted = await self._sessions.maintain([m for m in self._runners if self._stateful(m)])
+            adopted = await self._sessions.maintain([m for m in self._models.names() if self._stateful(m)])
         except TransportError as exc:
             log.warning("worker.sessions_failed", error=str(exc))
             return
@@ -261,7 +316,10 @@ class Worker:
 
     async def _reclaim(self, transport: Reclaiming, model: str, channel: str, idle_s: float,
                        limit: int | None = None) -> None:
-        room = limit if limit is not None else min(self._settings.fetch_count, self._credits[model].room)
+        credit = self._credits.get(model)
+        if credit is None or model in self._unloading:
+            return
+        room = limit if limit is not None else min(self._settings.fetch_count, credit.room)
         if room <= 0:
             return
         group = channels.worker_group(model, self._settings.channel_prefix)
@@ -330,7 +388,9 @@ class Worker:
             await self._transport.ack(delivery)
             return
         response = await self._respond(model, request)
-        if response.error is not None and await self._retry_or_give_up(delivery, response.error):
+        # An ensemble's steps were retried where they ran; retrying it would repeat them all.
+        if response.error is not None and not self._ensemble(model) and await self._retry_or_give_up(
+                delivery, response.error):
             return
         await self._reply(model, delivery, request, response)
 
@@ -360,9 +420,10 @@ class Worker:
             await self._transport.ack(delivery)
             return
         try:
-            runner = self._runner(model, request)
-            async for outputs in runner.infer_stream(request):
-                await self._reply(model, delivery, request, _stream_response(runner, request, outputs), ack=False)
+            with self._runner(model, request) as runner:
+                async for outputs in runner.infer_stream(request):
+                    await self._reply(model, delivery, request, _stream_response(runner, request, outputs),
+                                      ack=False)
             final = Response(id=request.id, model=runner.entry.name, model_version=str(runner.version),
                              parameters={FINAL_FLAG: True})
         except Exception as exc:
@@ -413,8 +474,10 @@ class Worker:
 
     async def _respond(self, model: str, request: Request) -> Response:
         try:
-            runner = self._runner(model, request)
-            outputs = await runner.infer(request)
+            with self._runner(model, request) as runner:
+                if isinstance(runner, EnsembleRunner):
+                    return await runner.respond(request)
+                outputs = await runner.infer(request)
             return Response(
                 id=request.id,
                 model=runner.entry.name,
@@ -431,18 +494,11 @@ class Worker:
         return Response(id=request.id, model=request.model, model_version=request.model_version,
                         error=ErrorInfo(error.code, str(error)), parameters=parameters or {})
 
-    def _runner(self, model: str, request: Request) -> ModelRunner:
+    def _runner(self, model: str, request: Request) -> AbstractContextManager[ModelRunner]:
+        """The runner for the request, counted in flight while the ``with`` block runs."""
         if request.model != model:
             raise ModelNotFound(f"model '{request.model}' is not served on the request channel of '{model}'")
-        versions = self._runners.get(model)
-        if not versions:
-            raise ModelNotFound(f"model '{model}' is not loaded")
-        if not request.model_version:
-            return versions[max(versions)]
-        try:
-            return versions[int(request.model_version)]
-        except (ValueError, KeyError):
-            raise ModelNotFound(f"model '{model}' has no version '{request.model_version}' loaded") from None
+        return self._models.use(model, request.model_version)
 
 
 def _stream_response(runner: ModelRunner, request: Request, outputs: dict[str, np.ndarray]) -> Response:

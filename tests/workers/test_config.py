@@ -83,12 +83,10 @@ def test_real_triton_config_loads_with_warnings_for_unsupported_fields() -> None
     assert config.parameters == {"intra_op_thread_count": "2", "cudnn_conv_algo_search": "1"}
     warned = {(log["event"], log["file"], log["field"]) for log in logs if log["log_level"] == "warning"}
     assert warned == {
-        ("config.unsupported_field", str(PATH), "model_warmup"),
-        ("config.unsupported_field", str(PATH), "optimization"),
         ("config.unsupported_field", str(PATH), "input[0].format"),
         ("config.unsupported_field", str(PATH), "output[0].label_filename"),
     }
-    assert "model_warmup" in config.extras
+    assert config.model_warmup[0].name == "warmup" and "model_warmup" not in config.extras
 
 
 def test_instance_groups_and_dynamic_batching() -> None:

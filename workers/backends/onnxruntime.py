@@ -1,50 +1,20 @@
-"""ONNX Runtime backend: CPU here, CUDA or TensorRT execution providers when
-the installed onnxruntime has them, falling back with a logged warning."""
+"""ONNX Runtime backend: CPU, or CUDA and TensorRT execution providers for GPU
+instances (``workers.backends.onnxruntime_providers`` chooses them and fails
+the load when one is missing)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import structlog
 
 from workers.backends.base import ModelContext
+from workers.backends.onnxruntime_providers import check_active, choose_providers
 from workers.errors import InvalidInput, ModelLoadError
 
 log = structlog.get_logger("ferry.backend.onnxruntime")
-
-_GPU_KINDS = {"KIND_GPU", "KIND_AUTO"}
-
-
-def choose_providers(context: ModelContext, available: list[str]) -> list[Any]:
-    """Execution providers in preference order for this instance."""
-    wanted: list[Any] = []
-    if context.instance.kind in _GPU_KINDS:
-        device = {"device_id": context.instance.gpus[0]} if context.instance.gpus else {}
-        if _wants_tensorrt(context.config.extras):
-            wanted.append(("TensorrtExecutionProvider", {**device, "trt_fp16_enable": _wants_fp16(context)}))
-        wanted.append(("CUDAExecutionProvider", device))
-    chosen = [p for p in wanted if p[0] in available]
-    missing = [p[0] for p in wanted if p[0] not in available]
-    if missing and context.instance.kind == "KIND_GPU":
-        log.warning("onnxruntime.provider_unavailable", model=context.name,
-                    missing=missing, fallback="CPUExecutionProvider")
-    return [*chosen, "CPUExecutionProvider"]
-
-
-def _wants_tensorrt(raw: dict[str, Any]) -> bool:
-    accelerators = raw.get("optimization", {}).get("execution_accelerators", {})
-    if isinstance(accelerators, list):
-        accelerators = accelerators[0] if accelerators else {}
-    gpu = accelerators.get("gpu_execution_accelerator", []) if isinstance(accelerators, dict) else []
-    gpu = gpu if isinstance(gpu, list) else [gpu]
-    return any(isinstance(a, dict) and a.get("name") == "tensorrt" for a in gpu)
-
-
-def _wants_fp16(context: ModelContext) -> bool:
-    return context.parameters.get("trt_fp16", "false").lower() in ("1", "true", "yes")
 
 
 class OnnxRuntimeBackend:
@@ -55,13 +25,17 @@ class OnnxRuntimeBackend:
 
     def load(self) -> None:
         options = self._session_options()
-        providers = choose_providers(self._context, ort.get_available_providers())
+        context = self._context
+        providers = choose_providers(context.config, context.instance, context.instance_index,
+                                     ort.get_available_providers())
         try:
-            self._session = ort.InferenceSession(
-                str(self._context.model_file), sess_options=options, providers=providers
-            )
+            self._session = ort.InferenceSession(str(context.model_file), sess_options=options, providers=providers)
         except Exception as exc:
-            raise ModelLoadError(f"{self._context.model_file}: onnxruntime could not load it: {exc}") from None
+            raise ModelLoadError(f"{context.model_file}: onnxruntime could not load it: {exc}") from None
+        dropped = check_active(context.config, context.instance, providers, self._session.get_providers())
+        if dropped:
+            log.warning("onnxruntime.provider_unavailable", model=context.name, dropped=dropped,
+                        kind=context.instance.kind, active=self._session.get_providers())
         self._string_inputs = {i.name for i in self._session.get_inputs() if i.type == "tensor(string)"}
         log.info("onnxruntime.loaded", model=self._context.name, version=self._context.version,
                  providers=self._session.get_providers())

@@ -19,6 +19,7 @@ import numpy as np
 
 from workers.datatypes import decode_array, encode_array, numpy_dtype
 from workers.errors import ConfigError
+from workers.safe_paths import inside
 from workers.sequence_config import SequenceBatching, State
 
 Tensors = dict[str, np.ndarray]
@@ -90,7 +91,11 @@ def _initial(state: State, model_dir: Path, where: str) -> np.ndarray:
     initial = state.initial_state[0]
     if initial.zero_data:
         return _zeros(state.data_type, initial.dims)
-    path = model_dir / "initial_state" / initial.data_file
+    try:
+        # A config may come with a load request: its data_file must stay inside initial_state/.
+        path = inside(model_dir / "initial_state", initial.data_file)
+    except ValueError as exc:
+        raise ConfigError(str(model_dir), f"{where}.initial_state[0].data_file", str(exc)) from None
     try:
         data = path.read_bytes()
     except OSError as exc:

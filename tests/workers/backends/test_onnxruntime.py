@@ -6,11 +6,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-import structlog
 
 from workers.backends.base import ModelContext
-from workers.backends.onnxruntime import OnnxRuntimeBackend, choose_providers
+from workers.backends.onnxruntime import OnnxRuntimeBackend
+from workers.backends.onnxruntime_providers import choose_providers
 from workers.config import InstanceGroup
+from workers.errors import ModelLoadError
 from workers.repository import ModelRepository
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
@@ -28,34 +29,41 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _providers(context: ModelContext, available: list[str]) -> list:
+    return choose_providers(context.config, context.instance, context.instance_index, available)
+
+
 def test_cpu_instances_use_the_cpu_provider_only(repo):
     context = context_for(repo, "cnn", "KIND_CPU")
-    assert choose_providers(context, ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    assert _providers(context, ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
 
 
 def test_gpu_instances_prefer_cuda_on_the_named_device(repo):
     context = context_for(repo, "cnn", "KIND_GPU", gpus=(1,))
-    providers = choose_providers(context, ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert providers == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    providers = _providers(context, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert providers == [("CUDAExecutionProvider", {"device_id": "1"}), "CPUExecutionProvider"]
 
 
 def test_tensorrt_is_tried_first_when_the_config_asks_for_it(repo):
     config = repo / "cnn/config.pbtxt"
     config.write_text(config.read_text() + '\noptimization { execution_accelerators {\n'
-                      '  gpu_execution_accelerator: [ { name: "tensorrt" } ] } }\n'
-                      'parameters { key: "trt_fp16" value: { string_value: "true" } }\n')
+                      '  gpu_execution_accelerator: [ { name: "tensorrt"\n'
+                      '    parameters { key: "precision_mode" value: "FP16" } } ] } }\n')
     context = context_for(repo, "cnn", "KIND_GPU")
-    providers = choose_providers(context, ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert providers[0] == ("TensorrtExecutionProvider", {"trt_fp16_enable": True})
+    providers = _providers(context, ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert providers[0][0] == "TensorrtExecutionProvider" and providers[0][1]["trt_fp16_enable"] == "True"
     assert providers[1][0] == "CUDAExecutionProvider"
 
 
-def test_a_gpu_instance_without_cuda_falls_back_to_cpu_with_a_warning(repo):
+def test_a_gpu_instance_without_cuda_fails_the_load_instead_of_using_the_cpu(repo):
     context = context_for(repo, "cnn", "KIND_GPU")
-    with structlog.testing.capture_logs() as logs:
-        providers = choose_providers(context, ["CPUExecutionProvider"])
-    assert providers == ["CPUExecutionProvider"]
-    assert any(e["event"] == "onnxruntime.provider_unavailable" and e["log_level"] == "warning" for e in logs)
+    with pytest.raises(ModelLoadError, match="CUDAExecutionProvider.*pip install 'ferry\\[gpu\\]'"):
+        _providers(context, ["CPUExecutionProvider"])
+
+
+def test_an_auto_instance_without_cuda_runs_on_the_cpu(repo):
+    context = context_for(repo, "cnn", "KIND_AUTO")
+    assert _providers(context, ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),

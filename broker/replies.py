@@ -1,0 +1,82 @@
+"""A reply channel: replies are matched to waiting requests by id.
+
+Whoever sends requests and awaits their replies owns one: each gateway, and
+each worker that hosts an ensemble (its steps are requests to other models).
+Each owner reads only its own channel. A reply whose id nobody waits for
+(a duplicate after a redelivery, or a late one after the caller gave up) is
+acked and dropped, so a client sees exactly one reply per request.
+
+A streamed request (a decoupled model may answer 0..N times) waits on a
+queue instead of a future: every reply goes into it until the final one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from broker import channels
+from broker.envelope import Response, decode_response
+from broker.errors import EnvelopeError
+from broker.reader import ChannelReader
+from broker.transport import Delivery, Transport
+
+log = structlog.get_logger("ferry.broker.replies")
+
+
+class ReplyRouter:
+    def __init__(
+        self,
+        transport: Transport,
+        owner_id: str,
+        prefix: str = channels.PREFIX,
+        poll_timeout_s: float = 1.0,
+    ) -> None:
+        self.channel = channels.reply_channel(owner_id, prefix)
+        self._waiting: dict[str, asyncio.Future[Response]] = {}
+        self._streams: dict[str, asyncio.Queue[Response]] = {}
+        self._reader = ChannelReader(transport, self.channel, channels.reply_group(owner_id, prefix),
+                                     owner_id, self._route, batch=256, poll_timeout_s=poll_timeout_s)
+
+    async def start(self) -> None:
+        await self._reader.start()
+
+    async def aclose(self) -> None:
+        await self._reader.aclose()
+        for future in self._waiting.values():
+            if not future.done():
+                future.cancel()
+        self._waiting.clear()
+
+    def expect(self, request_id: str) -> asyncio.Future[Response]:
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        return future
+
+    def expect_stream(self, request_id: str) -> asyncio.Queue[Response]:
+        queue: asyncio.Queue[Response] = asyncio.Queue()
+        self._streams[request_id] = queue
+        return queue
+
+    def forget(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+        self._streams.pop(request_id, None)
+
+    async def _route(self, delivery: Delivery) -> None:
+        try:
+            response = decode_response(delivery.payload)
+        except EnvelopeError as exc:
+            log.warning("replies.bad_message", channel=self.channel, error=str(exc))
+            return
+        queue = self._streams.get(response.id)
+        if queue is not None:
+            if response.final:
+                self._streams.pop(response.id, None)
+            queue.put_nowait(response)
+            return
+        future = self._waiting.pop(response.id, None)
+        if future is None:
+            log.debug("replies.unclaimed", request_id=response.id)
+        elif not future.done():
+            future.set_result(response)

@@ -1,0 +1,128 @@
+"""HTTP routes of Triton's model repository extension:
+
+    POST /v2/repository/index                  body {"ready": true} lists only ready versions
+    POST /v2/repository/models/{m}/load        body {"parameters": {"config": ..., "file:1/x": ...}}
+    POST /v2/repository/models/{m}/unload      body {"parameters": {"unload_dependents": bool}}
+
+With a ``Restriction`` (Triton's ``--http-restricted-api=model-repository:H=V``)
+each needs header ``H`` with value ``V``, else 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.management import ModelManager
+from gateway.status import status_for
+from gateway.v2_codec import render_error
+from workers.errors import WorkerError
+
+log = structlog.get_logger("ferry.gateway.management")
+
+CATEGORY = "model-repository"
+BodyReader = Callable[[Request], Awaitable[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    header: str
+    value: str
+
+    @classmethod
+    def parse(cls, flag: str) -> Restriction:
+        """``model-repository:<header>=<value>``, as Triton's --http-restricted-api takes it."""
+        category, _, rule = flag.partition(":")
+        header, _, value = rule.partition("=")
+        if category != CATEGORY or not header or not value:
+            raise ValueError(f"expected {CATEGORY}:<header>=<value>, got {flag!r}")
+        return cls(header.strip().lower(), value)
+
+    def allows(self, request: Request) -> bool:
+        given = request.headers.get(self.header)
+        return given is not None and hmac.compare_digest(given.encode(), self.value.encode())
+
+
+class ManagementRoutes:
+    def __init__(self, manager: ModelManager, read_body: BodyReader, restriction: Restriction | None = None) -> None:
+        self._manager = manager
+        self._read_body = read_body
+        self._restriction = restriction
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v2/repository/index", self.index, methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", self.load, methods=["POST"]),
+            Route("/v2/repository/models/{model}/unload", self.unload, methods=["POST"]),
+            Route("/v2/repository/models/{rest:path}", self.bad_path, methods=["POST"]),
+        ]
+
+    async def index(self, request: Request) -> Response:
+        return await self._guarded(request, self._index)
+
+    async def load(self, request: Request) -> Response:
+        return await self._guarded(request, self._load)
+
+    async def unload(self, request: Request) -> Response:
+        return await self._guarded(request, self._unload)
+
+    async def bad_path(self, request: Request) -> Response:
+        return await self._guarded(request, self._bad_path)
+
+    async def _index(self, request: Request) -> Response:
+        body = await self._json(request)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidRequest("index field 'ready' must be true or false")
+        return Response(orjson.dumps(self._manager.index(ready)), media_type="application/json")
+
+    async def _load(self, request: Request) -> Response:
+        body = await self._json(request)
+        await self._manager.load(request.path_params["model"], body.get("parameters"))
+        return Response(status_code=200)
+
+    async def _unload(self, request: Request) -> Response:
+        body = await self._json(request)
+        await self._manager.unload(request.path_params["model"], body.get("parameters"))
+        return Response(status_code=200)
+
+    async def _bad_path(self, request: Request) -> Response:
+        rest = request.path_params["rest"]
+        raise InvalidRequest(f"invalid model repository path '{rest}': expected "
+                             "/v2/repository/models/<model>/load or /unload, a model name without '/'")
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        raw = await self._read_body(request)
+        if not raw.strip():
+            return {}
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        return body
+
+    async def _guarded(self, request: Request, handler: Callable[[Request], Awaitable[Response]]) -> Response:
+        if self._restriction is not None and not self._restriction.allows(request):
+            return _error(f"This API is restricted, expecting header '{self._restriction.header}'", 403)
+        try:
+            return await handler(request)
+        except (GatewayError, WorkerError) as exc:
+            return _error(str(exc), status_for(exc))
+        except Exception as exc:
+            log.exception("management.unhandled", path=request.url.path)
+            return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def _error(message: str, status: int) -> Response:
+    return Response(render_error(message), status_code=status, media_type="application/json")

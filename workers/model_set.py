@@ -1,0 +1,120 @@
+"""The model versions one worker serves now, and how they are handed over.
+
+``use`` picks the runner a request names (the newest for an unversioned
+request) and counts it in flight until the request is answered. ``install``
+swaps a model's runners at once, so new requests go to the new ones, and
+returns what it replaced; ``retire`` closes those only after every request
+they were computing has been answered (a drain per runner). So a new version
+rolls out, and an old one leaves, without dropping a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import structlog
+
+from workers.errors import ModelNotFound
+from workers.fingerprint import Fingerprint
+from workers.overrides import Materialized
+from workers.repository import ModelEntry
+from workers.runner import ModelRunner
+
+log = structlog.get_logger("ferry.models")
+
+
+@dataclass(slots=True)
+class Served:
+    """One model as loaded: its entry, a runner and a fingerprint per version,
+    and the override directory it is served from (removed once retired)."""
+
+    entry: ModelEntry
+    runners: dict[int, ModelRunner]
+    prints: dict[int, Fingerprint] = field(default_factory=dict)
+    owned: Materialized = Materialized(None, None)
+
+
+@dataclass(slots=True)
+class Retired:
+    runners: list[ModelRunner]
+    owned: Materialized | None = None
+
+
+class ModelSet:
+    def __init__(self) -> None:
+        self._served: dict[str, Served] = {}
+        self._in_flight: dict[ModelRunner, int] = {}
+        self._idle: dict[ModelRunner, asyncio.Event] = {}
+
+    def names(self) -> list[str]:
+        return list(self._served)
+
+    def get(self, model: str) -> Served | None:
+        return self._served.get(model)
+
+    def runners(self, model: str) -> Mapping[int, ModelRunner]:
+        served = self._served.get(model)
+        return served.runners if served is not None else {}
+
+    def ready(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(sorted(served.runners)) for name, served in self._served.items()}
+
+    @contextmanager
+    def use(self, model: str, version: str) -> Iterator[ModelRunner]:
+        """The runner for ``version`` ('' = the newest), counted in flight meanwhile."""
+        runner = self._select(model, version)
+        self._in_flight[runner] = self._in_flight.get(runner, 0) + 1
+        self._idle.setdefault(runner, asyncio.Event()).clear()
+        try:
+            yield runner
+        finally:
+            left = self._in_flight[runner] = self._in_flight[runner] - 1
+            if left == 0:
+                self._idle[runner].set()
+
+    def install(self, model: str, served: Served) -> Retired:
+        """Serve ``served`` from now on; what it replaces is returned for ``retire``."""
+        old = self._served.get(model)
+        self._served[model] = served
+        if old is None:
+            return Retired([])
+        kept = set(served.runners.values())
+        gone = [runner for runner in old.runners.values() if runner not in kept]
+        same_dir = old.owned.owned_dir == served.owned.owned_dir
+        return Retired(gone, None if same_dir else old.owned)
+
+    def remove(self, model: str) -> Retired:
+        old = self._served.pop(model, None)
+        return Retired([]) if old is None else Retired(list(old.runners.values()), old.owned)
+
+    async def retire(self, retired: Retired) -> None:
+        """Close each runner once nothing it computes is still in flight."""
+        for runner in retired.runners:
+            if self._in_flight.get(runner, 0) > 0:
+                log.info("model.draining", model=runner.entry.name, version=runner.version,
+                         in_flight=self._in_flight[runner])
+                await self._idle[runner].wait()
+            self._in_flight.pop(runner, None)
+            self._idle.pop(runner, None)
+            await runner.aclose()
+            log.info("model.unloaded", model=runner.entry.name, version=runner.version)
+        if retired.owned is not None:
+            retired.owned.remove()
+
+    async def aclose(self) -> None:
+        for model in list(self._served):
+            await self.retire(self.remove(model))
+
+    def _select(self, model: str, version: str) -> ModelRunner:
+        versions = self.runners(model)
+        if not versions:
+            raise ModelNotFound(f"model '{model}' is not loaded")
+        if not version:
+            return versions[max(versions)]
+        try:
+            return versions[int(version)]
+        except (ValueError, KeyError):
+            raise ModelNotFound(f"model '{model}' has no version '{version}' loaded") from None
