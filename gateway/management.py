@@ -23,7 +23,7 @@ import structlog
 from gateway.catalog import ModelCatalog
 from gateway.control_client import ControlClient, Gathered
 from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
-from workers.control import ControlSettings
+from workers.control import Action, ControlSettings
 from workers.errors import ConfigError, ModelNotFound
 from workers.overrides import (
     LoadOverrides, Materialized, materialize, parse_load_parameters, parse_unload_parameters,
@@ -134,11 +134,11 @@ class ModelManager:
             owned.remove()
             raise
 
-    async def _send(self, control: ControlClient, action: str, name: str, overrides: LoadOverrides) -> Gathered:
+    async def _send(self, control: ControlClient, action: Action, name: str, overrides: LoadOverrides) -> Gathered:
         workers = await control.live_workers()
         if not workers:
             raise ModelUnavailable(f"cannot {action} model '{name}': no worker is live")
-        return await control.send(action, name, overrides, self._settings.load_timeout_s, workers)  # type: ignore[arg-type]
+        return await control.send(action, name, overrides, self._settings.load_timeout_s, workers)
 
     def _keep(self, name: str, owned: Materialized) -> None:
         old = self._owned.pop(name, None)

@@ -9,7 +9,8 @@
      │    └── SequenceError a step does not fit its sequence (no START, timed out...)
      ├── SessionLost        a sequence's state died with its worker, unrecoverably
      ├── RequestTimeout     a request's deadline passed before compute
-     └── ExecutionError     the backend failed while running a batch
+     ├── ExecutionError     the backend failed while running a batch
+     └── StepError          an ensemble's step failed (its code is the step's own)
 
 Each error carries a ``code`` that travels on the wire as plain data with the
 message; only the gateway turns codes into HTTP statuses.
@@ -67,3 +68,12 @@ class SessionLost(WorkerError):
     checkpoint of it was kept. Never a silent reset."""
 
     code = "session_lost"
+
+
+class StepError(WorkerError):
+    """A step of an ensemble failed; it keeps the step's error code, so a bad
+    input to a step is still ``invalid_argument``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code

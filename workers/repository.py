@@ -12,6 +12,9 @@ Backend choice: the config's ``backend``, else its ``platform``, else the
 file in the newest version directory (``model.onnx`` means onnxruntime,
 ``model.py`` python, ``model.pt`` or ``model.pt2`` pytorch). ONNX configs are always completed from the model (an
 absent ``config.pbtxt`` included); python models need a ``config.pbtxt``.
+An ensemble (``platform: "ensemble"``) has no backend and no model file, only
+an empty version directory; ``scan`` rejects one whose steps do not fit the
+repository's other models (``workers.ensemble.config.step_errors``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ against sentence-transformers running the same weights in PyTorch."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -75,8 +75,10 @@ class Profile:
         return sum(abs(element_count(shape) - element_count(self.inputs[name].opt))
                    for name, shape in shapes.items() if name in self.inputs)
 
-    def max_batch(self) -> int:
-        return min((r.max[0] for r in self.inputs.values() if r.max), default=0)
+    def batch_range(self) -> tuple[int, int]:
+        """The batch sizes every input of this profile takes (low > high: none)."""
+        ranges = [r for r in self.inputs.values() if r.min]
+        return max((r.min[0] for r in ranges), default=1), min((r.max[0] for r in ranges), default=0)
 
 
 def choose_profile(profiles: Sequence[Profile], shapes: Mapping[str, Shape]) -> int:
@@ -134,7 +136,18 @@ def _check_tensor(kind: str, spec: TensorConfig, found: EngineTensor, batched: b
 
 
 def _check_batch(config: ModelConfig, profiles: Sequence[Profile]) -> None:
-    largest = max((profile.max_batch() for profile in profiles), default=0)
-    if largest and config.max_batch_size > largest:
+    """The dynamic batcher may form any batch from 1 to max_batch_size, so
+    every one of those sizes must fall in some profile."""
+    ranges = sorted(profile.batch_range() for profile in profiles)
+    largest = max((high for _, high in ranges), default=0)
+    if config.max_batch_size > largest:
         raise ModelLoadError(f"max_batch_size {config.max_batch_size} exceeds the largest batch the TensorRT "
                              f"engine's optimization profiles take ({largest})")
+    covered = 0
+    for low, high in ranges:
+        if low > covered + 1:
+            break
+        covered = max(covered, high)
+    if covered < config.max_batch_size:
+        raise ModelLoadError(f"batch size {covered + 1} (up to max_batch_size {config.max_batch_size}) falls in no "
+                             "optimization profile of the TensorRT engine; build profiles that cover 1..max_batch_size")

@@ -74,12 +74,13 @@ def _tensor(model: str, name: str, value: Any) -> torch.Tensor:
 
 
 def to_torch(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    if array.dtype == _BF16:
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16).to(device)
     if not array.flags.writeable:
         # torch warns on (and may not honour) read-only memory, as wire buffers are.
         array = array.copy()
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    array = np.ascontiguousarray(array)
+    if array.dtype == _BF16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(array).to(device)
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:

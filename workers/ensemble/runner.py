@@ -25,7 +25,7 @@ from broker.envelope import ParamValue, Request, Response, WireTensor
 from workers.config import ModelConfig
 from workers.ensemble.caller import StepCaller
 from workers.ensemble.plan import TOTAL_LATENCY, Plan, PlannedStep, StepFailure, run_plan
-from workers.errors import ExecutionError, ModelLoadError, WorkerError
+from workers.errors import ModelLoadError, StepError, WorkerError
 from workers.repository import ModelEntry
 from workers.runner import Clocks, error_of
 from workers.validation import check_outputs, prepare_inputs
@@ -37,14 +37,6 @@ IN_FLIGHT = 256
 DEFAULT_STEP_TIMEOUT_S = 300.0
 
 StepConfigs = Callable[[str], ModelConfig]  # a step model's config, by name
-
-
-class StepError(WorkerError):
-    """A step failed; the code is the step's own."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class EnsembleRunner:

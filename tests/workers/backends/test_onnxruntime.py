@@ -4,9 +4,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
+from tests.workers.backends.gpus import no_gpu_reason
 from workers.backends.base import ModelContext
 from workers.backends.onnxruntime import OnnxRuntimeBackend
 from workers.backends.onnxruntime_providers import choose_providers
@@ -66,9 +66,8 @@ def test_an_auto_instance_without_cuda_runs_on_the_cpu(repo):
     assert _providers(context, ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
 
 
-@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
-                    reason="this onnxruntime has no CUDAExecutionProvider (CPU-only machine; "
-                           "install ferry[gpu] on a CUDA host to run it)")
+@pytest.mark.skipif(bool(no_gpu_reason(provider="CUDAExecutionProvider")),
+                    reason=no_gpu_reason(provider="CUDAExecutionProvider") or "")
 def test_cuda_results_match_cpu(repo):
     images = np.random.default_rng(0).random((8, 3, 128, 128), dtype=np.float32)
     outputs = {}

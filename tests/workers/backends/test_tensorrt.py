@@ -117,6 +117,14 @@ def test_a_config_that_disagrees_with_the_engine_fails_naming_the_tensor(config,
         check_engine(config, engine, [profile(0, 1, 8, 64)])
 
 
+def test_profiles_must_cover_every_batch_size_the_batcher_may_form():
+    check_engine(cnn_config(), ENGINE, [profile(0, 9, 32, 64), profile(1, 1, 4, 8)])
+    with pytest.raises(ModelLoadError, match="batch size 9 \\(up to max_batch_size 64\\) falls in no optimization"):
+        check_engine(cnn_config(), ENGINE, [profile(0, 1, 4, 8), profile(1, 10, 32, 64)])
+    with pytest.raises(ModelLoadError, match="batch size 1 "):
+        check_engine(cnn_config(), ENGINE, [profile(0, 2, 4, 64)])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="tensorrt is installed here")
 def test_without_tensorrt_the_backend_fails_to_load_naming_the_extra():
     with pytest.raises(ModelLoadError) as caught:

@@ -4,6 +4,7 @@ request on its model's channel, answered on the worker's own reply channel."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -189,3 +190,28 @@ async def test_steps_travel_on_their_models_channels_and_reply_to_the_workers_ch
     assert step.model == "add_one" and step.model_version == "1"
     assert step.reply_to == channels.reply_channel(owner_id("w1"))
     assert [t.name for t in step.inputs] == ["X"]
+
+
+async def test_a_step_nobody_serves_fails_at_the_requests_deadline_naming_the_step(repository: Path):
+    transport = MemoryTransport()
+    # This worker serves the ensemble and two of its steps, not add_one.
+    worker = Worker(transport, ModelRepository(repository),
+                    WorkerSettings(worker_id="w2", models=("chain", "double", "positive"), poll_timeout_s=0.05))
+    router = ReplyRouter(transport, "test-client", poll_timeout_s=0.05)
+    await router.start()
+    await worker.start()
+    try:
+        values = np.ones((1, 4), np.float32)
+        request = Request(id="late", model="chain", reply_to=router.channel, timeout_us=300_000,
+                          deadline_ns=time.time_ns() + 300_000_000,
+                          inputs=(WireTensor("IN", "FP32", values.shape, values.tobytes()),))
+        future = router.expect(request.id)
+        await transport.publish(channels.request_channel("chain"), encode_request(request))
+        async with asyncio.timeout(10):
+            response = await future
+        assert response.error is not None and response.error.code == "timeout"
+        assert response.error.message.startswith("ensemble 'chain' step 3 (model 'add_one'): no reply")
+    finally:
+        await worker.aclose()
+        await router.aclose()
+        await transport.aclose()
