@@ -20,14 +20,14 @@ install:
 install-test:
 	$(PYTHON) -m pip install --quiet -e '.[test]'
 
-# redis-server and kcat for the broker tests, java 17 and Maven for the Kafka broker the tests
-# assemble from Maven Central, espeak-ng to speak the speech tests' sentences; skipped when
-# already present.
 # Generated model files that are not committed (all-MiniLM-L6-v2 as ONNX, its
 # tokenizer); quick when already up to date.
 models:
 	$(PYTHON) model_repo/convert_minilm.py
 
+# redis-server and kcat for the broker tests, java 17 and Maven for the Kafka broker the tests
+# assemble from Maven Central, espeak-ng to speak the speech tests' sentences; skipped when
+# already present.
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v kcat >/dev/null \
 			|| ! command -v java >/dev/null || ! command -v mvn >/dev/null \

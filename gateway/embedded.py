@@ -27,7 +27,7 @@ from gateway.control_client import ControlClient
 from gateway.management import ManagementSettings, ModelManager
 from gateway.jobs import DEFAULT_TTL_S, JobSettings, build_jobs
 from gateway.message_format import V2MessageFormat
-from gateway.replies import ReplyRouter
+from broker.replies import ReplyRouter
 from gateway.service import InferenceService, ServiceSettings
 from gateway.shared import open_heartbeats, open_jobs_store
 from workers.control_listener import ControlListener

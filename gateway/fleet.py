@@ -30,7 +30,7 @@ from gateway.management import ModelManager
 from gateway.jobs import JobSettings, build_jobs
 from gateway.embedded import ServeSettings, live_workers
 from gateway.message_format import V2MessageFormat
-from gateway.replies import ReplyRouter
+from broker.replies import ReplyRouter
 from gateway.service import InferenceService
 from gateway.shared import open_heartbeats, open_job_gate, open_jobs_store, open_sessions
 from workers.control_listener import ControlListener

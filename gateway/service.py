@@ -24,7 +24,7 @@ from broker.transport import Transport
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
-from gateway.replies import ReplyRouter
+from broker.replies import ReplyRouter
 from gateway.sequence_homes import SequenceHomes
 from gateway.v2_codec import ParsedInfer
 

@@ -24,7 +24,7 @@ from gateway.catalog import ModelCatalog
 from gateway.jobs import JobStore, MemoryJobStore, RedisJobStore, build_jobs, open_job_store
 from gateway.jobs.job import Job, JobStatus, Rendering
 from gateway.jobs.prefer import prefers_async
-from gateway.replies import ReplyRouter
+from broker.replies import ReplyRouter
 from gateway.service import InferenceService
 from gateway.v2_codec import RequestedOutput
 from tests.redis_server import flushdb
