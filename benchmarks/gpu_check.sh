@@ -9,7 +9,7 @@ set -u
 WHEELS=${1:-.cache/gpu_wheels}
 OUT=${2:-.}
 PY=${PYTHON:-python3}
-SITE=$(mktemp -d)
+SITE=${FERRY_SITE:-$(mktemp -d)}  # FERRY_SITE: keep the installs for later commands
 need=()
 for pair in pydantic:pydantic pydantic_core:pydantic_core annotated_types:annotated_types \
     typing_extensions:typing_extensions typing_inspection:typing_inspection structlog:structlog \

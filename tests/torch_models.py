@@ -89,6 +89,7 @@ def write_torchscript(repo: Path, name: str, module: nn.Module, config_text: str
     path = version_dir(repo, name, config_text) / "model.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch 2.10+ deprecates TorchScript
+        warnings.simplefilter("ignore", DeprecationWarning)  # as torch 2.11 does
         torch.jit.script(module.eval()).save(str(path))
     return path
 

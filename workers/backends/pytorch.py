@@ -129,6 +129,7 @@ class PyTorchBackend:
             with warnings.catch_warnings():
                 # torch 2.10+ deprecates TorchScript; ferry still serves it.
                 warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.11 warns with this class
                 module = torch.jit.load(io.BytesIO(data), map_location=location)
         except Exception as exc:  # noqa: BLE001 - libtorch raises RuntimeError of many kinds
             raise ModelLoadError(f"{path}: torch.jit.load refused it: {_first_line(exc)}") from None
@@ -140,7 +141,10 @@ class PyTorchBackend:
         import io
 
         try:
-            program = torch.export.load(io.BytesIO(data))
+            with warnings.catch_warnings():
+                # torch 2.11 warns that the archive's bytes are read-only; they stay unwritten.
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                program = torch.export.load(io.BytesIO(data))
             if placement not in ("model", "cpu"):
                 from torch.export.passes import move_to_device_pass
 
