@@ -7,14 +7,13 @@ ONNX Runtime (ferry's own Treelite-to-ONNX conversion; for the forest also skl2o
 at several batch sizes. Part 2: the XGBoost model served by ``ferry serve``
 (backend "fil", its default runtime) against the library's own predict, same rows.
 
-    python benchmarks/bench_trees.py            # full run, about four minutes
+    python benchmarks/bench_trees.py            # full run, about five minutes (mostly gcc)
     python benchmarks/bench_trees.py --quick    # a smoke run on smaller models
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -112,8 +111,8 @@ def train(size: ModelSize, out: Path) -> dict[str, tuple[Path, str, Predict, Pre
 
 
 def _skl2onnx_predict(forest: Any, features: int) -> Predict:
-    # The backend serves sklearn forests from a Treelite checkpoint, which has no ONNX
-    # converter; this row shows what exporting to ONNX with skl2onnx instead would give.
+    # For comparison with the backend's own Treelite-to-ONNX conversion of the checkpoint:
+    # skl2onnx converting the fitted estimator (which needs the estimator, so a pickle).
     import onnxruntime as ort
     from skl2onnx import to_onnx
 
@@ -253,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = {
         "benchmark": "trees", "when": datetime.now(timezone.utc).isoformat(), "machine": platform.node(),
         "cpus": os.cpu_count(), "threads": THREADS, "model_size": asdict(size),
-        "points": [asdict(p) for p in points], "tl2cgen_compile_s": compile_s, "fastest": best, "served": served,
+        "points": [asdict(p) for p in points], "load_s": compile_s, "fastest": best, "served": served,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))

@@ -52,12 +52,17 @@ def repository(models, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(repository: Path, tmp_path_factory: pytest.TempPathFactory):
+def url(repository: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("logs") / "ferry.log"
-    with ferry_serve(repository, log_path=log) as url:
-        triton = httpclient.InferenceServerClient(url)
-        yield triton
-        triton.close()
+    with ferry_serve(repository, log_path=log) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def client(url: str):
+    triton = httpclient.InferenceServerClient(url)
+    yield triton
+    triton.close()
 
 
 def infer(client: httpclient.InferenceServerClient, model: str, features: np.ndarray,
@@ -98,12 +103,18 @@ def test_metadata_shows_the_fil_tensors(client):
     assert client.get_model_config("rf_binary")["backend"] == "fil"
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(client, models):
-    from concurrent.futures import ThreadPoolExecutor
-
+def test_concurrent_requests_each_get_their_own_rows(url, models):
     batches = [sample(n, seed=20 + n) for n in range(1, 13)]
-    with ThreadPoolExecutor(6) as pool:
-        outputs = list(pool.map(lambda x: infer(client, "xgb_multiclass", x), batches))
+    parallel = httpclient.InferenceServerClient(url, concurrency=6)
+    try:
+        pending = []
+        for features in batches:
+            tensor = httpclient.InferInput("input__0", list(features.shape), "FP32")
+            tensor.set_data_from_numpy(features, binary_data=True)
+            pending.append(parallel.async_infer("xgb_multiclass", [tensor]))
+        outputs = [request.get_result(timeout=30).as_numpy("output__0") for request in pending]
+    finally:
+        parallel.close()
     for features, out in zip(batches, outputs):
         np.testing.assert_allclose(out, models["xgb_multiclass"].predict(features), rtol=1e-4, atol=1e-5)
 

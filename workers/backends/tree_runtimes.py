@@ -71,6 +71,9 @@ def open_runtime(runtime: str, forest: ForestFile) -> TreeRuntime:
         return opener(forest)
     except ModelLoadError:
         raise
+    except ImportError as err:
+        raise ModelLoadError(f"{forest.path}: runtime '{runtime}' needs {err.name or err}, which is not "
+                             "installed; install it with: pip install 'ferry[trees]'") from None
     except Exception as exc:
         raise ModelLoadError(f"{forest.path}: the {runtime} runtime could not load this "
                              f"{forest.model_type} model: {exc}") from None

@@ -70,8 +70,8 @@ def test_every_runtime_matches_the_library(models, tmp_path, cache_dir, name, ru
     write_tree_model(tmp_path, name, tree, predict_proba=tree.classifier,
                      extra={"runtime": runtime, "tl2cgen_cache_dir": str(cache_dir)})
     backend = loaded(tmp_path, name)
-    x = features_with_nan() if family(tree.model_type) != "treelite_checkpoint" else sample(64, seed=3)
-    for rows in (1, 7, 64):   # auto runs small and large batches on different runtimes
+    x = features_with_nan(100) if family(tree.model_type) != "treelite_checkpoint" else sample(100, seed=3)
+    for rows in (1, 7, 100):   # auto runs small and large XGBoost batches on different runtimes
         out = backend.infer({"input__0": x[:rows]})["output__0"]
         assert out.dtype == np.float32 and out.shape == (rows, tree.classes)
         np.testing.assert_allclose(out, tree.predict(x[:rows]), rtol=1e-4, atol=1e-5)
