@@ -26,6 +26,7 @@ import structlog
 import torch
 
 from workers.backends.base import ModelContext
+from workers.backends.devices import gpu_device
 from workers.backends.torch_archives import check_exported_program, check_graph_targets, check_torchscript, read_archive
 from workers.backends.torch_binding import input_order, outputs_by_name, to_numpy, to_torch
 from workers.config import InstanceGroup
@@ -49,8 +50,7 @@ def choose_device(instance: InstanceGroup, instance_index: int, cuda_devices: in
                                  f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
                                  "use KIND_CPU or KIND_AUTO here")
         return "cpu"
-    gpus = instance.gpus or tuple(range(cuda_devices))
-    gpu = gpus[instance_index % len(gpus)]
+    gpu = gpu_device(instance, instance_index, cuda_devices)
     if gpu >= cuda_devices:
         raise ModelLoadError(f"instance group '{instance.name}' names GPU {gpu}, but torch sees "
                              f"{cuda_devices} CUDA device(s)")
