@@ -66,7 +66,9 @@ class SpeechSession:
                  prefix: str = channels.PREFIX) -> None:
         self.session_id = session_id or uuid.uuid4().hex
         self.model = model
-        self._redis = aioredis.Redis.from_url(redis_url, protocol=2)
+        # No socket timeout: reads block server-side for up to their own timeout
+        # (30 s), past redis-py 8's default of 5 s.
+        self._redis = aioredis.Redis.from_url(redis_url, protocol=2, socket_timeout=None)
         self._request_channel = channels.request_channel(model, prefix)
         self.reply_channel = f"{prefix}.speech.replies.{self.session_id}"
         self._channel: str | None = None

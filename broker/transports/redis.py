@@ -70,8 +70,10 @@ class RedisTransport:
         # RESP2 pins the reply shapes parsed below.
         # The pool is bounded but blocking: past MAX_CONNECTIONS a command
         # waits for a free connection instead of failing.
+        # No socket timeout (redis-py 8 defaults to 5 s): a fetch blocks
+        # server-side for as long as its caller asks.
         self._pool: aioredis.ConnectionPool = aioredis.BlockingConnectionPool.from_url(
-            url, protocol=2, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S
+            url, protocol=2, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S, socket_timeout=None
         )
         self._redis = aioredis.Redis(connection_pool=self._pool)
         self._groups: set[tuple[str, str]] = set()
