@@ -21,9 +21,9 @@ from typing import Annotated, Any, Literal
 import structlog
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
-from workers.datatypes import DATATYPES, element_count, from_config_name, to_config_name
+from workers.datatypes import config_datatype, element_count, to_config_name
 from workers.ensemble.config import EnsembleScheduling, check as check_ensemble
-from workers.errors import ConfigError, InvalidInput, TensorError
+from workers.errors import ConfigError, InvalidInput
 from workers.optimization_config import Optimization
 from workers.pbtxt import parse_file
 from workers.sequence_config import SequenceBatching, check as check_sequence_batching
@@ -43,17 +43,6 @@ def _check_dims(dims: tuple[int, ...]) -> tuple[int, ...]:
         if dim == 0 or dim < -1:
             raise ValueError(f"dimension {index} is {dim}; use -1 for a variable size, else a size of 1 or more")
     return dims
-
-
-def _datatype(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a type such as TYPE_FP32, got {value!r}")
-    if value in DATATYPES:
-        return value
-    try:
-        return from_config_name(value)
-    except TensorError as err:
-        raise ValueError(str(err)) from None
 
 
 def _parameters(value: Any) -> Any:
@@ -83,7 +72,7 @@ class Reshape(_Model):
 
 class TensorConfig(_Model):
     name: Name
-    datatype: Annotated[str, BeforeValidator(_datatype)] = Field(alias="data_type")
+    datatype: Annotated[str, BeforeValidator(config_datatype)] = Field(alias="data_type")
     dims: Dims
     reshape: Reshape | None = None
 

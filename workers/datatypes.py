@@ -9,6 +9,7 @@ length followed by the bytes, exactly as the V2 binary extension sends them.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -34,6 +35,19 @@ _NUMPY = {
 DATATYPES = frozenset(_NUMPY) | {"BYTES"}
 
 _FROM_NUMPY = {dtype: name for name, dtype in _NUMPY.items()}
+
+
+def config_datatype(value: Any) -> str:
+    """A config's ``data_type`` (``TYPE_FP32``, or ``FP32``) as a V2 datatype;
+    ValueError otherwise, for pydantic validators to report."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a type such as TYPE_FP32, got {value!r}")
+    if value in DATATYPES:
+        return value
+    try:
+        return from_config_name(value)
+    except TensorError as err:
+        raise ValueError(str(err)) from None
 
 
 def from_config_name(name: str) -> str:

@@ -17,22 +17,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 
-from workers.datatypes import DATATYPES, from_config_name, to_config_name
-from workers.errors import TensorError
+from workers.datatypes import config_datatype, to_config_name
 from workers.safe_paths import path_problem
 
 WARMUP_DIR = "warmup"
-
-
-def _datatype(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a type such as TYPE_FP32, got {value!r}")
-    if value in DATATYPES:
-        return value
-    try:
-        return from_config_name(value)
-    except TensorError as err:
-        raise ValueError(str(err)) from None
 
 
 def _input_map(value: Any) -> Any:
@@ -58,7 +46,7 @@ class _Model(BaseModel):
 
 
 class WarmupInput(_Model):
-    datatype: Annotated[str, BeforeValidator(_datatype)] = Field(alias="data_type")
+    datatype: Annotated[str, BeforeValidator(config_datatype)] = Field(alias="data_type")
     dims: Annotated[tuple[int, ...], BeforeValidator(_dims)] = ()
     zero_data: Annotated[bool, Strict()] = False
     random_data: Annotated[bool, Strict()] = False
