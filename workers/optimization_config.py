@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
+from workers.pbtxt import map_entries
+
 PRECISIONS = ("FP32", "FP16", "INT8")
 Precision = Literal["FP32", "FP16", "INT8"]
 
@@ -70,18 +72,8 @@ CPU_ACCELERATORS: Mapping[str, Mapping[str, Check]] = MappingProxyType({
 })
 
 
-def _map_entries(value: Any) -> Any:
-    """Protobuf ``map<string, string>`` entries ``[{key, value}]`` -> ``{key: value}``."""
-    if not isinstance(value, list):
-        return value
-    result: dict[Any, Any] = {}
-    for index, entry in enumerate(value):
-        if not isinstance(entry, dict) or set(entry) != {"key", "value"}:
-            raise ValueError(f'entry {index} must look like {{ key: "k" value: "v" }}')
-        if entry["key"] in result:
-            raise ValueError(f"parameter '{entry['key']}' is given twice")
-        result[entry["key"]] = entry["value"]
-    return result
+def _parameters(value: Any) -> Any:
+    return map_entries(value, '{ key: "k" value: "v" }', "parameter '{key}' is given twice")
 
 
 class _Model(BaseModel):
@@ -91,7 +83,7 @@ class _Model(BaseModel):
 class Accelerator(_Model):
     name: Annotated[str, Strict(), Field(min_length=1)]
     parameters: Annotated[dict[Annotated[str, Strict()], Annotated[str, Strict()]],
-                          BeforeValidator(_map_entries)] = Field(default_factory=dict)
+                          BeforeValidator(_parameters)] = Field(default_factory=dict)
 
     def flag(self, key: str) -> bool:
         return self.parameters.get(key) == "true"

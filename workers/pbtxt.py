@@ -91,6 +91,24 @@ def parse_file(path: Path, repeated: frozenset[str] = TRITON_REPEATED) -> dict[s
     return parse(text, str(path), repeated)
 
 
+
+def map_entries(value: Any, example: str, twice: str = "") -> Any:
+    """Protobuf map entries as pbtxt gives them, ``[{key, value}]``, as
+    ``{key: value}`` (anything else passes through for the validator to
+    judge); ValueError naming the entry that is not ``example``-shaped, and,
+    when ``twice`` is set, for a key given twice (``twice`` formatted with
+    ``key``)."""
+    if not isinstance(value, list):
+        return value
+    result: dict[Any, Any] = {}
+    for index, entry in enumerate(value):
+        if not isinstance(entry, dict) or set(entry) != {"key", "value"}:
+            raise ValueError(f"entry {index} must look like {example}")
+        if twice and entry["key"] in result:
+            raise ValueError(twice.format(key=entry["key"]))
+        result[entry["key"]] = entry["value"]
+    return result
+
 def _tokenize(text: str, path: str) -> list[Token]:
     tokens: list[Token] = []
     pos, line, line_start = 0, 1, 0

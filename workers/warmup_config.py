@@ -18,27 +18,20 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 
 from workers.datatypes import config_datatype, to_config_name
+from workers.pbtxt import map_entries
 from workers.safe_paths import path_problem
 
 WARMUP_DIR = "warmup"
-
-
-def _input_map(value: Any) -> Any:
-    """pbtxt gives a map as ``[{key, value}]``; JSON as an object."""
-    if not isinstance(value, list):
-        return value
-    result: dict[Any, Any] = {}
-    for index, entry in enumerate(value):
-        if not isinstance(entry, dict) or set(entry) != {"key", "value"}:
-            raise ValueError(f"entry {index} must look like {{ key: \"INPUT0\" value: {{ ... }} }}")
-        result[entry["key"]] = entry["value"]
-    return result
 
 
 def _dims(value: Any) -> Any:
     if isinstance(value, list) and any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in value):
         raise ValueError(f"every dimension must be a size of 1 or more, got {value}")
     return value
+
+
+def _input_map(value: Any) -> Any:
+    return map_entries(value, '{ key: "INPUT0" value: { ... } }')
 
 
 class _Model(BaseModel):

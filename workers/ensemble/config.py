@@ -25,6 +25,7 @@ from typing import Annotated, Any, Protocol
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from workers.errors import ConfigError
+from workers.pbtxt import map_entries
 
 PLATFORM = "ensemble"
 LATEST = -1
@@ -34,21 +35,11 @@ NOT_FOR_ENSEMBLES = ("dynamic_batching", "sequence_batching", "model_transaction
 Name = Annotated[str, Strict(), Field(min_length=1)]
 
 
-def _map_entries(value: Any) -> Any:
-    """Protobuf map entries ``[{key, value}]`` -> ``{key: value}``, refusing a key given twice."""
-    if not isinstance(value, list):
-        return value
-    result: dict[Any, Any] = {}
-    for index, entry in enumerate(value):
-        if not isinstance(entry, dict) or set(entry) != {"key", "value"}:
-            raise ValueError(f'entry {index} must look like {{ key: "step tensor" value: "ensemble tensor" }}')
-        if entry["key"] in result:
-            raise ValueError(f"key {entry['key']!r} is mapped more than once")
-        result[entry["key"]] = entry["value"]
-    return result
+def _tensor_map(value: Any) -> Any:
+    return map_entries(value, '{ key: "step tensor" value: "ensemble tensor" }', "key {key!r} is mapped more than once")
 
 
-TensorMap = Annotated[dict[Name, Name], BeforeValidator(_map_entries)]
+TensorMap = Annotated[dict[Name, Name], BeforeValidator(_tensor_map)]
 
 
 class _Model(BaseModel):
