@@ -25,6 +25,7 @@ from gateway import speech_cli
 from workers.control import MODES, ControlSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
+from workers.telemetry.settings import TRACE_EXPORTERS, TelemetrySettings, TraceSettings
 from workers.worker import WorkerSettings
 
 
@@ -43,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")
     alone.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
+    alone.add_argument("--metrics-port", type=int, default=8002,
+                       help="the port of this worker's /metrics and /v2/health endpoints (0: none)")
+    alone.add_argument("--metrics-host", default="0.0.0.0", help="the address of that port")
     speech_cli.add_parser(commands)
     return parser
 
@@ -64,6 +68,18 @@ def _common_options() -> argparse.ArgumentParser:
                          help="poll mode: how often to scan the repository")
     options.add_argument("--load-model", action="append", default=[], metavar="MODEL",
                          help="explicit mode: a model to load at start (repeatable; '*' = all)")
+    options.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                         help="serve Prometheus metrics on /metrics (default: on)")
+    options.add_argument("--backlog-interval-s", type=float, default=5.0,
+                         help="how often queue depth and consumer lag are read from the broker")
+    options.add_argument("--trace-exporter", choices=TRACE_EXPORTERS, default="none",
+                         help="where OpenTelemetry spans go (default: none, tracing off)")
+    options.add_argument("--trace-endpoint", default="",
+                         help="otlp: the OTLP/HTTP traces URL (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+                              "else http://localhost:4318/v1/traces)")
+    options.add_argument("--trace-file", type=Path, default=None, help="jsonl: the file spans are appended to")
+    options.add_argument("--trace-rate", type=float, default=1.0,
+                         help="share of new traces sampled, 0 to 1 (a caller's traceparent decides its own)")
     return options
 
 
@@ -113,6 +129,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("ferry: --load-model requires --model-control-mode=explicit")
     if args.repository_poll_secs <= 0:
         raise SystemExit("ferry: --repository-poll-secs must be above 0")
+    if not 0.0 <= args.trace_rate <= 1.0:
+        raise SystemExit("ferry: --trace-rate must be between 0 and 1")
+    if args.trace_exporter == "jsonl" and args.trace_file is None:
+        raise SystemExit("ferry: --trace-exporter jsonl needs --trace-file")
     if args.command == "serve":
         _run_http(args, build_app(_serve_settings(args)))
     elif args.command == "gateway":
@@ -121,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.run(run_worker(WorkerProcessSettings(
             args.model_repository, args.broker, _worker_settings(args), HeartbeatSettings(args.heartbeat_s),
             job_store_url=args.job_store, session_store_url=args.session_store,
+            telemetry=_telemetry(args),
         )))
 
 
@@ -134,6 +155,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         job_ttl_s=args.job_ttl_s,
         job_store_url=args.job_store,
         management=ManagementSettings(_control(args), args.model_load_timeout_s),
+        telemetry=_telemetry(args),
     )
     if args.http_restricted_api:
         try:
@@ -156,6 +178,13 @@ def _worker_settings(args: argparse.Namespace) -> WorkerSettings:
     settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
                               control=_control(args))
     return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
+
+
+def _telemetry(args: argparse.Namespace) -> TelemetrySettings:
+    trace = TraceSettings(args.trace_exporter, args.trace_endpoint, args.trace_file, args.trace_rate)
+    worker_port = getattr(args, "metrics_port", 0) if args.command == "worker" else 0
+    return TelemetrySettings(metrics=args.metrics, metrics_host=getattr(args, "metrics_host", "0.0.0.0"),
+                             metrics_port=worker_port, backlog_interval_s=args.backlog_interval_s, trace=trace)
 
 
 def _control(args: argparse.Namespace) -> ControlSettings:

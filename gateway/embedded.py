@@ -34,6 +34,7 @@ from workers.control_listener import ControlListener
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore
 from workers.repository_poll import RepositoryPoller
 from workers.repository import ModelRepository
+from workers.telemetry.settings import TelemetrySettings
 from workers.worker import Worker, WorkerSettings
 
 
@@ -49,6 +50,7 @@ class ServeSettings:
     job_ttl_s: float = DEFAULT_TTL_S
     job_store_url: str = ""  # default: the broker's Redis, else this process
     management: ManagementSettings = ManagementSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
 
 
 def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:

@@ -37,6 +37,7 @@ from workers.control_listener import ControlListener
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, ServedModels
 from workers.repository_poll import RepositoryPoller
 from workers.repository import ModelRepository
+from workers.telemetry.settings import TelemetrySettings
 from workers.worker import Worker, WorkerSettings
 
 log = structlog.get_logger("ferry.fleet")
@@ -99,6 +100,7 @@ class WorkerProcessSettings:
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     job_store_url: str = ""
     session_store_url: str = ""
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 
 def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> Starlette:

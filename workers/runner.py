@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from workers.sequences.batcher import SequenceBatcher, SequenceSpec
 from workers.sequences.state import LocalStates, StateStore, initial_states
 from workers.sequences.table import SequencePolicy
 from workers.streaming import stream_outputs
+from workers.telemetry import NO_OBSERVER, BatchRecord, Observer, Timeline
 from workers.validation import check_outputs, prepare_inputs
 
 log = structlog.get_logger("ferry.runner")
@@ -30,6 +33,14 @@ log = structlog.get_logger("ferry.runner")
 BackendFactory = Callable[[ModelContext], Backend]
 StateStoreFactory = Callable[[ModelConfig], StateStore]  # where a model's sequences keep state
 Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """What waits in the dynamic batcher: a request's inputs and its timeline."""
+
+    tensors: Tensors
+    timeline: Timeline | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +68,7 @@ class ModelRunner:
         backend_factory: BackendFactory = create_backend,
         clocks: Clocks = Clocks(),
         state_store: StateStoreFactory = lambda config: LocalStates(),
+        observer: Observer = NO_OBSERVER,
     ) -> None:
         self.entry = entry
         self.version = version
@@ -66,9 +78,11 @@ class ModelRunner:
         self._backends: list[Backend] = []
         self._idle: asyncio.Queue[Backend] = asyncio.Queue()
         self._executor: ThreadPoolExecutor | None = None
-        self._batcher: DynamicBatcher[Tensors, Tensors] | None = None
+        self._batcher: DynamicBatcher[_Item, Tensors] | None = None
         self._sequencer: SequenceBatcher | None = None
         self._state_store = state_store
+        self._observer = observer
+        self._batch_ids = (f"{uuid.uuid4().hex[:8]}-{n}" for n in itertools.count(1))
 
     async def start(self) -> None:
         contexts = self._contexts()
@@ -128,20 +142,24 @@ class ModelRunner:
         rows = max(1, self.config.max_batch_size)
         return rows * sum(group.count for group in self.config.instance_groups)
 
-    async def infer(self, request: Request) -> Tensors:
+    async def infer(self, request: Request, timeline: Timeline | None = None) -> Tensors:
+        """The request's outputs; ``timeline``, when given, gets its batch's id, size and times."""
         deadline = self._deadline(request)
         if deadline is not None and deadline <= self._clocks.monotonic():
             raise RequestTimeout(f"request to model '{self.entry.name}' timed out in the queue before compute")
         inputs = prepare_inputs(self.config, request.inputs)
         check_outputs(self.config, request.outputs)
+        rows = rows_of(inputs) if self.config.max_batch_size > 0 else 1
+        if timeline is not None:
+            timeline.rows = rows
         if self._sequencer is not None:
             outputs = await self._sequencer.submit(
                 request.id, request.sequence_id, request.sequence_start, request.sequence_end, inputs)
             return _select(outputs, request.outputs)
         assert self._batcher is not None, "infer() before start()"
         outputs = await self._batcher.submit(
-            inputs,
-            rows=rows_of(inputs) if self.config.max_batch_size > 0 else 1,
+            _Item(inputs, timeline),
+            rows=rows,
             key=batch_key(inputs),
             priority=self.config.priority_level(request.priority),
             deadline=deadline,
@@ -191,22 +209,45 @@ class ModelRunner:
         """One merged sequence batch on the instance the sequence table chose."""
         backend = self._backends[instance]
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
+        formed = self._clocks.wall_ns()
+        failed = True
+        try:
+            outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
+            failed = False
+        finally:
+            rows = rows_of(tensors) if self.config.max_batch_size > 0 else 1
+            self._observer.batch_ran(BatchRecord(self.entry.name, str(self.version), next(self._batch_ids),
+                                                 rows, 1, formed, formed, self._clocks.wall_ns(), failed))
         missing = [o.name for o in self.config.outputs if o.name not in outputs]
         if missing:
             raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
         return outputs
 
-    async def _run_batch(self, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:
+    async def _run_batch(self, batch: Sequence[_Item]) -> list[Tensors | BaseException]:
+        formed = self._clocks.wall_ns()
         backend = await self._idle.get()
+        start, failed = self._clocks.wall_ns(), True
         try:
             loop = asyncio.get_running_loop()
             # Merging and splitting copy whole batches: keep them off the event loop.
-            return await loop.run_in_executor(self._executor, self._compute, backend, batch)
+            results = await loop.run_in_executor(self._executor, self._compute, backend, batch)
+            failed = False
+            return results
         finally:
             self._idle.put_nowait(backend)
+            self._record(batch, formed, start, failed)
 
-    def _compute(self, backend: Backend, batch: Sequence[Tensors]) -> list[Tensors | BaseException]:
+    def _record(self, batch: Sequence[_Item], formed: int, start: int, failed: bool) -> None:
+        rows = sum(rows_of(item.tensors) for item in batch) if self.config.max_batch_size > 0 else 1
+        record = BatchRecord(self.entry.name, str(self.version), next(self._batch_ids), rows, len(batch),
+                             formed, start, self._clocks.wall_ns(), failed)
+        for item in batch:
+            if item.timeline is not None:
+                item.timeline.ran_in(record)
+        self._observer.batch_ran(record)
+
+    def _compute(self, backend: Backend, items: Sequence[_Item]) -> list[Tensors | BaseException]:
+        batch = [item.tensors for item in items]
         outputs = backend.infer(merge(batch))
         missing = [o.name for o in self.config.outputs if o.name not in outputs]
         if missing:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -68,6 +69,8 @@ from workers.recovery import (
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.runner import ModelRunner, error_of
 from workers.sessions import CHANNEL_PARAMETER, LocalSessions, SequenceLocks, SessionRouting
+from workers.telemetry import NO_OBSERVER, Observer, Timeline
+from workers.telemetry.timeline import CANCELLED, EXHAUSTED, REJECTED, RELEASED
 
 log = structlog.get_logger("ferry.worker")
 
@@ -118,8 +121,12 @@ class Worker:
         job_gate: JobGate | None = None,
         message_format: MessageFormat = EnvelopeFormat(),
         sessions: SessionRouting | None = None,
+        observer: Observer = NO_OBSERVER,
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._transport = transport
+        self._observer = observer
+        self._wall_ns = wall_ns
         self._sessions = sessions or LocalSessions()
         self._locks = SequenceLocks()
         self._format = message_format
@@ -241,7 +248,7 @@ class Worker:
         if entry.config.ensemble_scheduling is not None:
             return EnsembleRunner(entry, version, self._steps, lambda name: self._repository.entry(name).config,
                                   self._settings.channel_prefix)
-        return ModelRunner(entry, version, state_store=self._sessions.state_store)
+        return ModelRunner(entry, version, state_store=self._sessions.state_store, observer=self._observer)
 
     def _request_channels(self, model: str) -> tuple[str, ...]:
         levels = max(runner.priority_levels for runner in self._models.runners(model).values())
@@ -364,70 +371,97 @@ class Worker:
             log.error("worker.handler_failed", error=repr(task.exception()))
 
     async def _handle(self, model: str, delivery: Delivery) -> None:
+        received = self._wall_ns()
         if exhausted(delivery, self._settings.recovery):
             await self._dead_letters.give_up(
                 delivery, dead_letter_reason(delivery), exhausted_error(delivery, self._settings.recovery)
             )
             await self._transport.ack(delivery)
+            self._unread(model, received, EXHAUSTED)
             return
         try:
             request = self._format.decode(delivery, model)
         except EnvelopeError as exc:
             await self._dead_letters.reject(delivery, str(exc))
             await self._transport.ack(delivery)
+            self._unread(model, received, REJECTED)
             return
+        timeline = Timeline.of(request, self.worker_id, received)
+        self._observer.received(timeline)
+        try:
+            await self._handle_request(model, delivery, request, timeline)
+        finally:
+            timeline.done_ns = self._wall_ns()
+            self._observer.finished(timeline)
+
+    def _unread(self, model: str, received: int, outcome: str) -> None:
+        timeline = Timeline.unread(model, self.worker_id, received)
+        self._observer.received(timeline)
+        timeline.outcome, timeline.done_ns = outcome, self._wall_ns()
+        self._observer.finished(timeline)
+
+    async def _handle_request(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> None:
         if self._decoupled(model):
-            await self._stream(model, delivery, request)
+            await self._stream(model, delivery, request, timeline)
             return
         if request.sequence_id is not None and self._stateful(model):
             async with self._locks.hold(model, request.sequence_id):
-                await self._serve_step(model, delivery, request)
+                await self._serve_step(model, delivery, request, timeline)
             return
         if not await self._may_start(request):
             log.info("worker.job_skipped", model=model, request_id=request.id)
             await self._transport.ack(delivery)
+            timeline.outcome = CANCELLED
             return
-        response = await self._respond(model, request)
+        response = await self._respond(model, request, timeline)
         # An ensemble's steps were retried where they ran; retrying it would repeat them all.
         if response.error is not None and not self._ensemble(model) and await self._retry_or_give_up(
-                delivery, response.error):
+                delivery, response.error, timeline):
             return
         await self._reply(model, delivery, request, response)
 
-    async def _serve_step(self, model: str, delivery: Delivery, request: Request) -> None:
+    async def _serve_step(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> None:
         """One step of a sequence: here, or forwarded to the worker holding it."""
         try:
             route = await self._sessions.route(model, request, delivery.channel)
         except TransportError as exc:
             log.warning("worker.route_failed", model=model, request_id=request.id, error=str(exc))
+            timeline.outcome = RELEASED
             return  # left pending; claimed again once idle
         if route.forward_to is not None:
             await self._forward(delivery, route.forward_to)
+            timeline.outcome = RELEASED
             return
         if not await self._may_start(request):
             await self._transport.ack(delivery)
+            timeline.outcome = CANCELLED
             return
-        response = await self._respond(model, request)
+        response = await self._respond(model, request, timeline)
         if route.home is not None:
             response = dataclasses.replace(response, parameters={**response.parameters, CHANNEL_PARAMETER: route.home})
         await self._reply(model, delivery, request, response)
 
-    async def _stream(self, model: str, delivery: Delivery, request: Request) -> None:
+    async def _stream(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> None:
         """A decoupled model: publish each response as it comes, then a final,
         empty one (or the error), then ack. Every response is tagged with
         ``triton_final_response`` so a client knows which one ends the stream."""
         if not await self._may_start(request):
             await self._transport.ack(delivery)
+            timeline.outcome = CANCELLED
             return
         try:
             with self._runner(model, request) as runner:
+                timeline.version = str(runner.version)
+                timeline.compute_start_ns = self._wall_ns()
                 async for outputs in runner.infer_stream(request):
                     await self._reply(model, delivery, request, _stream_response(runner, request, outputs),
                                       ack=False)
             final = Response(id=request.id, model=runner.entry.name, model_version=str(runner.version),
                              parameters={FINAL_FLAG: True})
+            timeline.compute_end_ns = self._wall_ns()
         except Exception as exc:
             final = self._error_response(request, exc, parameters={FINAL_FLAG: True})
+            timeline.outcome = final.error.code if final.error else timeline.outcome
         await self._reply(model, delivery, request, final)
 
     async def _forward(self, delivery: Delivery, channel: str) -> None:
@@ -455,7 +489,7 @@ class Worker:
             return True
         return await self._job_gate.begin(request.id)
 
-    async def _retry_or_give_up(self, delivery: Delivery, error: ErrorInfo) -> bool:
+    async def _retry_or_give_up(self, delivery: Delivery, error: ErrorInfo, timeline: Timeline) -> bool:
         """For a failed request: True if it was released for another try or
         dead-lettered (and answered), False if its error is the answer."""
         recovery = self._settings.recovery
@@ -463,6 +497,7 @@ class Worker:
             return False
         if delivery.attempts < recovery.max_deliveries and isinstance(self._transport, Reclaiming):
             await self._transport.release(delivery)
+            timeline.outcome = RELEASED
             log.info("worker.released", channel=delivery.channel, message_id=delivery.message_id,
                      attempts=delivery.attempts, error=error.message)
             return True
@@ -472,12 +507,22 @@ class Worker:
         await self._transport.ack(delivery)
         return True
 
-    async def _respond(self, model: str, request: Request) -> Response:
+    async def _respond(self, model: str, request: Request, timeline: Timeline) -> Response:
+        response = await self._compute(model, request, timeline)
+        if response.error is not None:
+            timeline.outcome = response.error.code
+        return response
+
+    async def _compute(self, model: str, request: Request, timeline: Timeline) -> Response:
         try:
             with self._runner(model, request) as runner:
+                timeline.version = str(runner.version)
                 if isinstance(runner, EnsembleRunner):
-                    return await runner.respond(request)
-                outputs = await runner.infer(request)
+                    timeline.compute_start_ns = self._wall_ns()
+                    response = await runner.respond(request)
+                    timeline.compute_end_ns = self._wall_ns()
+                    return response
+                outputs = await runner.infer(request, timeline)
             return Response(
                 id=request.id,
                 model=runner.entry.name,

@@ -1,0 +1,41 @@
+"""The seam between the serving path and whatever watches it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from workers.telemetry.timeline import BatchRecord, Timeline
+
+
+class Observer(Protocol):
+    def received(self, timeline: Timeline) -> None:
+        """A request was taken from the broker and decoded."""
+
+    def batch_ran(self, batch: BatchRecord) -> None:
+        """An instance computed one batch (failed or not)."""
+
+    def finished(self, timeline: Timeline) -> None:
+        """A request was answered (``timeline.outcome`` says how)."""
+
+
+class Observers:
+    """Several observers as one; each is called in order."""
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self._observers = tuple(observers)
+
+    def received(self, timeline: Timeline) -> None:
+        for observer in self._observers:
+            observer.received(timeline)
+
+    def batch_ran(self, batch: BatchRecord) -> None:
+        for observer in self._observers:
+            observer.batch_ran(batch)
+
+    def finished(self, timeline: Timeline) -> None:
+        for observer in self._observers:
+            observer.finished(timeline)
+
+
+NO_OBSERVER = Observers()

@@ -1,0 +1,74 @@
+"""When one request reached each stage of its trip through a worker.
+
+All times are wall-clock nanoseconds (``time.time_ns``): the gateway stamps
+``enqueued_ns`` in another process, and spans are exported in epoch time.
+A stage not reached stays 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.envelope import Request
+
+SUCCESS = "success"
+RELEASED = "released"  # handed back to the broker for another worker: neither success nor failure here
+CANCELLED = "cancelled"  # a job cancelled or expired before compute
+REJECTED = "rejected"  # not a request this model can read (dead-lettered)
+EXHAUSTED = "exhausted"  # delivered too many times (dead-lettered)
+
+
+@dataclass(slots=True)
+class Timeline:
+    request_id: str
+    model: str
+    version: str
+    worker_id: str
+    trace: dict[str, str] = field(default_factory=dict)
+    enqueued_ns: int = 0  # the gateway (or producer) published it
+    received_ns: int = 0  # this worker took it from the broker
+    batched_ns: int = 0  # its batch was formed and handed to an instance
+    compute_start_ns: int = 0
+    compute_end_ns: int = 0
+    done_ns: int = 0  # the reply was published
+    batch_id: str = ""
+    batch_size: int = 0  # rows in the batch it ran in
+    rows: int = 1  # rows this request contributed
+    outcome: str = SUCCESS  # SUCCESS, or the error code that failed it
+
+    @classmethod
+    def of(cls, request: Request, worker_id: str, received_ns: int) -> Timeline:
+        return cls(request_id=request.id, model=request.model, version=request.model_version,
+                   worker_id=worker_id, trace=dict(request.trace), enqueued_ns=request.created_ns,
+                   received_ns=received_ns)
+
+    @classmethod
+    def unread(cls, model: str, worker_id: str, received_ns: int) -> Timeline:
+        """For a delivery that never became a request."""
+        return cls(request_id="", model=model, version="", worker_id=worker_id, received_ns=received_ns)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome == SUCCESS
+
+    def ran_in(self, batch: BatchRecord) -> None:
+        self.batch_id = batch.batch_id
+        self.batch_size = batch.size
+        self.batched_ns = batch.formed_ns
+        self.compute_start_ns = batch.start_ns
+        self.compute_end_ns = batch.end_ns
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One execution of a model instance on a merged batch."""
+
+    model: str
+    version: str
+    batch_id: str
+    size: int  # rows
+    requests: int
+    formed_ns: int
+    start_ns: int
+    end_ns: int
+    failed: bool = False
