@@ -79,7 +79,9 @@ def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Pat
     ``model``: its heartbeat names it (Redis), or it holds partitions of its group (Kafka)."""
     with contextlib.ExitStack() as stack:
         common = ["--broker", broker_url, "--model-repository", str(repository)]
-        procs = [stack.enter_context(_running(["worker", *common], logs / f"worker-{index}.log"))
+        # Several workers on one host: none takes the default metrics port 8002.
+        procs = [stack.enter_context(_running(["worker", *common, "--metrics-port", "0"],
+                                              logs / f"worker-{index}.log"))
                  for index in range(workers)]
         port = free_port()
         gateway_log = logs / "gateway.log"

@@ -19,6 +19,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
+from gateway.dashboard import Dashboard
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, QueueFull
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
@@ -26,9 +27,11 @@ from gateway.jobs.service import JobService
 from gateway.management import ModelManager
 from gateway.management_http import ManagementRoutes, Restriction
 from gateway.metadata import model_metadata, server_metadata
+from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
 from gateway.status import status_for, status_for_code
 from gateway.streams import StreamRoutes
+from gateway.tracing import caller_context
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
 from workers.errors import WorkerError
 from workers.repository import is_safe_name
@@ -49,7 +52,8 @@ Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 
 def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(),
                lifespan: Lifespan | None = None, jobs: JobService | None = None,
-               manager: ModelManager | None = None) -> Starlette:
+               manager: ModelManager | None = None, metrics: GatewayMetrics | None = None,
+               dashboard: Dashboard | None = None) -> Starlette:
     """Without ``jobs``, ``Prefer: respond-async`` is ignored (RFC 7240 lets a
     server decline a preference) and infer answers synchronously. Without
     ``manager``, load and unload are refused (model control mode ``none``)."""
@@ -78,7 +82,11 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
             WebSocketRoute(prefix + "/stream", api.streams.websocket),
         ]
     routes.append(Route("/v2/models/{rest:path}", api.bad_model_path, methods=["GET", "POST"]))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    if metrics is not None:
+        routes += metrics.routes()
+    if dashboard is not None:
+        routes += dashboard.routes()
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=metrics.middleware() if metrics else None)
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_allowed)
     return app
@@ -190,7 +198,7 @@ class _Api:
         self._catalog.version(name, version)  # an unknown model is refused before its body is read
         body = await self.read_body(request)
         parsed = parse_infer_request(body, _header_length(request))
-        trace = {"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {}
+        trace = caller_context(request.headers)
         if self._jobs is not None and prefers_async(request.headers.getlist("prefer")):
             job = await self._jobs.submit(name, version, parsed, trace)
             return json_response({"job_id": job.id, "status": job.status.value}, 202, headers={

@@ -1,5 +1,5 @@
-"""The ``ferry`` command: ``serve`` (all in one), ``gateway``, ``worker``, and
-``speech`` (a streaming speech client)."""
+"""The ``ferry`` command: ``serve`` (all in one), ``gateway``, ``worker``,
+``speech`` (a streaming speech client) and ``lag`` (queue lag per model)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gateway.logs import configure_logging
 from gateway.management import ManagementSettings
 from gateway.management_http import Restriction
 from gateway.service import ServiceSettings
-from gateway import speech_cli
+from gateway import lag_cli, speech_cli
 from workers.control import MODES, ControlSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
@@ -32,7 +32,7 @@ from workers.worker import WorkerSettings
 SHARED = "redis://HOST:PORT/DB or kafka://HOST:PORT[,HOST:PORT]"
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferry", description="Serve models from a Triton-layout repository.")
     commands = parser.add_subparsers(dest="command", required=True)
     common = _common_options()
@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="the port of this worker's /metrics and /v2/health endpoints (0: none)")
     alone.add_argument("--metrics-host", default="0.0.0.0", help="the address of that port")
     speech_cli.add_parser(commands)
+    lag_cli.add_parser(commands)
     return parser
 
 
@@ -117,12 +118,14 @@ def _worker_options() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "speech":
         raise SystemExit(speech_cli.run(args))
     configure_logging(args.log_level, args.log_format)
     if not args.model_repository.is_dir():
         raise SystemExit(f"ferry: --model-repository {args.model_repository} is not a directory")
+    if args.command == "lag":
+        raise SystemExit(lag_cli.run(args))
     if args.command in ("gateway", "worker") and urlsplit(args.broker).scheme not in ("redis", "kafka"):
         raise SystemExit(f"ferry {args.command}: --broker must be a shared broker ({SHARED})")
     if args.load_model and args.model_control_mode != "explicit":
@@ -196,6 +199,7 @@ def _run_http(args: argparse.Namespace, app: Starlette) -> None:
     config = uvicorn.Config(
         app, host=args.host, port=args.http_port, loop="uvloop", http="httptools",
         lifespan="on", access_log=False, log_level="warning",
+        log_config=None,  # its records reach the root handler configure_logging set: JSON like ours
     )
     uvicorn.Server(config).run()
 

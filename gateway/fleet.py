@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from broker.errors import TransportError
@@ -26,18 +27,26 @@ from gateway.app import create_app
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.control_client import ControlClient
+from gateway.dashboard import build_dashboard
 from gateway.management import ModelManager
 from gateway.jobs import JobSettings, build_jobs
 from gateway.embedded import ServeSettings, live_workers
 from gateway.message_format import V2MessageFormat
+from gateway.metrics import gateway_metrics
+from gateway.worker_http import WorkerHealth, WorkerHttp, worker_http_app
 from broker.replies import ReplyRouter
 from gateway.service import InferenceService
 from gateway.shared import open_heartbeats, open_job_gate, open_jobs_store, open_sessions
+from gateway.tracing import gateway_tracer
 from workers.control_listener import ControlListener
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore, ServedModels
 from workers.repository_poll import RepositoryPoller
 from workers.repository import ModelRepository
+from workers.telemetry.prometheus import StatsCollector
 from workers.telemetry.settings import TelemetrySettings
+from workers.telemetry.stats import StatsBook
+from workers.telemetry.tracing import GATEWAY_SERVICE, WORKER_SERVICE, open_tracing
+from workers.telemetry.wiring import worker_observers
 from workers.worker import Worker, WorkerSettings
 
 log = structlog.get_logger("ferry.fleet")
@@ -54,10 +63,15 @@ class FleetReadiness:
         self._store = store
         self._refresh_s = refresh_s
         self._served: ServedModels = {}
+        self._workers: tuple[str, ...] = ()
         self._task: asyncio.Task[None] | None = None
 
     def __call__(self) -> ServedModels:
         return self._served
+
+    def workers(self) -> tuple[str, ...]:
+        """The workers whose heartbeats were current at the last refresh."""
+        return self._workers
 
     async def start(self) -> None:
         await self.refresh()
@@ -77,6 +91,7 @@ class FleetReadiness:
             log.warning("fleet.refresh_failed", error=str(exc))
             workers = {}
         self._served = union(workers.values())
+        self._workers = tuple(sorted(workers))
 
     async def _loop(self) -> None:
         while True:
@@ -114,13 +129,17 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
     catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness,
                            settings.management.control.expected_models)
     limits = QueueLimits(transport, settings.service.channel_prefix)
-    service = InferenceService(transport, router, catalog, settings.service, limits=limits)
+    tracing = open_tracing(settings.telemetry.trace, GATEWAY_SERVICE)
+    service = InferenceService(transport, router, catalog, settings.service, limits=limits,
+                               tracer=gateway_tracer(tracing))
     store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s, prefix)
     jobs = build_jobs(transport, store, service, settings.gateway_id,
                       JobSettings(channel_prefix=settings.service.channel_prefix))
     # The local id is never live here: a gateway alone waits on the fleet's heartbeats.
     control = ControlClient(transport, settings.gateway_id, live_workers(heartbeats, ""), prefix)
     manager = ModelManager(catalog, control, settings.management)
+    metrics = gateway_metrics(settings.telemetry, transport, catalog, readiness.workers, prefix)
+    dashboard = build_dashboard(catalog, heartbeats.beats, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -128,17 +147,26 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
         await jobs.start()
         await readiness.start()
         await manager.start()
+        if metrics is not None:
+            await metrics.start()
+        await dashboard.start()
         try:
             yield
         finally:
+            await dashboard.aclose()
+            if metrics is not None:
+                await metrics.aclose()
             await manager.aclose()
             await readiness.aclose()
             await jobs.aclose()
             await router.aclose()
             await heartbeats.aclose()
             await transport.aclose()
+            if tracing is not None:
+                await tracing.aclose()
 
-    return create_app(service, settings.http, lifespan, jobs=jobs, manager=manager)
+    return create_app(service, settings.http, lifespan, jobs=jobs, manager=manager, metrics=metrics,
+                      dashboard=dashboard)
 
 
 async def run_worker(settings: WorkerProcessSettings) -> None:
@@ -155,21 +183,30 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     sessions = open_sessions(settings.broker_url, settings.worker.worker_id, heartbeats,
                              settings.session_store_url, prefix)
     repository = ModelRepository(settings.model_repository)
-    worker = Worker(transport, repository, settings.worker,
-                    job_gate=job_gate, message_format=V2MessageFormat(), sessions=sessions)
-    heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat)
+    stats = StatsBook() if settings.telemetry.metrics else None
+    tracing = open_tracing(settings.telemetry.trace, WORKER_SERVICE)
+    worker = Worker(transport, repository, settings.worker, job_gate=job_gate, message_format=V2MessageFormat(),
+                    sessions=sessions, observer=worker_observers(settings.telemetry, stats, tracing))
+    health = WorkerHealth()
+    http = _worker_http(settings.telemetry, health, stats, worker.worker_id)
+    heartbeat = Heartbeat(heartbeats, worker.worker_id, worker.ready_models, settings.heartbeat,
+                          stats.to_wire if stats else None)
     control = settings.worker.control
     listener = ControlListener(transport, worker, control, prefix)
     poller = RepositoryPoller(repository, worker, control.poll_s)
     try:
+        if http is not None:
+            await http.start()  # liveness answers while models load
         await worker.start()
         await listener.start()
         if control.mode == "poll":
             await poller.start()
         await heartbeat.start()
-        log.info("worker.started", worker=worker.worker_id, models=worker.ready_models())
+        health.started()
+        log.info("worker.started", worker_id=worker.worker_id, models=worker.ready_models())
         await stop.wait()
-        log.info("worker.stopping", worker=worker.worker_id)
+        health.draining()
+        log.info("worker.stopping", worker_id=worker.worker_id)
         # Leave the fleet first so gateways stop counting on this worker.
         await heartbeat.aclose()
         await poller.aclose()
@@ -185,4 +222,20 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
         if job_gate is not None:
             await job_gate.aclose()
         await transport.aclose()
-    log.info("worker.stopped", worker=worker.worker_id)
+        if http is not None:
+            await http.aclose()
+        if tracing is not None:
+            await tracing.aclose()
+    log.info("worker.stopped", worker_id=worker.worker_id)
+
+
+def _worker_http(settings: TelemetrySettings, health: WorkerHealth, stats: StatsBook | None,
+                 worker_id: str) -> WorkerHttp | None:
+    """The worker's /metrics and health probes on ``metrics_port`` (none when 0)."""
+    if settings.metrics_port == 0:
+        return None
+    registry = None
+    if stats is not None:
+        registry = CollectorRegistry()
+        registry.register(StatsCollector(stats, worker_id))
+    return WorkerHttp(worker_http_app(health, registry), settings.metrics_host, settings.metrics_port)

@@ -11,6 +11,7 @@ would carry, headers carry:
     reply-to        the channel for the reply (required)
     request-id      the request id (default: the Kafka key, then the body's "id")
     deadline-ms     an absolute deadline, Unix epoch milliseconds
+    traceparent     the W3C trace context to trace it under (and tracestate)
 
 Its reply is a V2 JSON response body with tensors as ``data`` arrays; an
 error reply is ``{"error": "..."}`` with the error code in an ``error``
@@ -30,7 +31,7 @@ from broker.transport import Delivery
 from gateway.errors import GatewayError
 from gateway.service import build_request
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
-from workers.formats import JSON, MSGPACK, EnvelopeFormat, Outgoing, reply_headers
+from workers.formats import JSON, MSGPACK, EnvelopeFormat, Outgoing, header_trace, reply_headers
 
 KAFKA_KEY = "kafka-key"
 
@@ -55,7 +56,8 @@ class V2MessageFormat(EnvelopeFormat):
                 raise EnvelopeError("a JSON request needs a 'request-id' header, a Kafka key or an 'id'")
             now = self._wall_ns()
             request = build_request(parsed, _text(delivery, "model") or model,
-                                    _text(delivery, "model-version"), reply_to, request_id, now)
+                                    _text(delivery, "model-version"), reply_to, request_id, now,
+                                    header_trace(delivery))
         except GatewayError as exc:
             raise EnvelopeError(str(exc)) from None
         deadline_ms = _text(delivery, "deadline-ms")

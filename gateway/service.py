@@ -8,7 +8,10 @@ for room (``gateway.admission``).
 
 ``stream`` is for decoupled models, which answer 0..N times: it publishes
 the request, then yields every reply up to the final one. On a Redis fleet
-a sequence's steps are published in order through ``SequenceHomes``."""
+a sequence's steps are published in order through ``SequenceHomes``.
+
+Each request runs inside a span of the ``RequestTracer`` (``gateway.tracing``;
+none by default), whose context the envelope carries to the worker."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
+from structlog.contextvars import bound_contextvars
+
 from broker import channels
 from broker.envelope import Request, Response, encode_request
 from broker.transport import Transport
@@ -26,6 +31,7 @@ from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
 from broker.replies import ReplyRouter
 from gateway.sequence_homes import SequenceHomes
+from gateway.tracing import UNTRACED, RequestSpan, RequestTracer
 from gateway.v2_codec import ParsedInfer
 
 
@@ -52,8 +58,10 @@ class InferenceService:
         settings: ServiceSettings = ServiceSettings(),
         wall_ns: Callable[[], int] = time.time_ns,
         limits: QueueLimits | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self._transport = transport
+        self.tracer: RequestTracer = tracer or UNTRACED
         self._limits = limits
         self._router = router
         self.catalog = catalog
@@ -63,7 +71,16 @@ class InferenceService:
 
     async def infer(self, model: str, version: str, parsed: ParsedInfer,
                     trace: dict[str, str] | None = None) -> Response:
-        request = self.envelope(model, version, parsed, trace, reply_to=self._router.channel)
+        request_id = uuid.uuid4().hex
+        with bound_contextvars(request_id=request_id, model=model), \
+                self.tracer.span(model, request_id, trace) as span:
+            response = await self._infer(model, version, parsed, span.trace, request_id)
+            span.answered(response)
+            return replace(response, id=parsed.id)
+
+    async def _infer(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str],
+                     request_id: str) -> Response:
+        request = self.envelope(model, version, parsed, trace, self._router.channel, request_id)
         if self.catalog.entry(request.model).config.decoupled:
             raise InvalidRequest(f"model '{model}' is decoupled (it may send many responses): use "
                                  f"/v2/models/{model}/generate_stream, /infer_stream or the WebSocket")
@@ -80,23 +97,27 @@ class InferenceService:
         finally:
             self._router.forget(request.id)
             answered(response)
-        return replace(response, id=parsed.id)
+        return response
 
     async def stream(self, model: str, version: str, parsed: ParsedInfer,
                      trace: dict[str, str] | None = None) -> AsyncIterator[Response]:
         """Publish now; the returned iterator yields each reply, the final one last."""
-        request = self.envelope(model, version, parsed, trace, reply_to=self._router.channel)
-        queue = self._router.expect_stream(request.id)
+        request_id = uuid.uuid4().hex
+        span = self.tracer.span(model, request_id, trace)
         try:
+            request = self.envelope(model, version, parsed, span.trace, self._router.channel, request_id)
+            queue = self._router.expect_stream(request.id)
             answered = await self._publish_step(request)
-        except BaseException:
-            self._router.forget(request.id)
+        except BaseException as exc:
+            self._router.forget(request_id)
+            span.end(exc)
             raise
-        return self._replies(request, parsed.id, queue, answered)
+        return self._replies(request, parsed.id, queue, answered, span)
 
     async def _replies(self, request: Request, client_id: str, queue: asyncio.Queue[Response],
-                       answered: Answered) -> AsyncIterator[Response]:
+                       answered: Answered, span: RequestSpan) -> AsyncIterator[Response]:
         first: Response | None = None
+        failure: Exception | None = None
         try:
             while True:
                 try:
@@ -108,13 +129,18 @@ class InferenceService:
                 if first is None:
                     first = response
                     answered(response)
+                    span.answered(response)
                 yield replace(response, id=client_id)
                 if response.final:
                     return
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             self._router.forget(request.id)
             if first is None:
                 answered(None)
+            span.end(failure)
 
     async def _publish_step(self, request: Request) -> Answered:
         """Publish; for a sequence step on a Redis fleet, in order and to the

@@ -35,6 +35,7 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.generate import parse_generate_request, render_generate_response
 from gateway.service import InferenceService
 from gateway.v2_codec import ParsedInfer, parse_infer_request, render_infer_response
+from gateway.tracing import caller_context
 from workers.errors import WorkerError
 from workers.worker import FINAL_FLAG as FINAL
 
@@ -93,7 +94,7 @@ class StreamRoutes:
 
     async def generate(self, request: Request) -> Response:
         name, version, parsed = await self._generate_body(request)
-        replies = await self._service.stream(name, version, parsed)
+        replies = await self._service.stream(name, version, parsed, caller_context(request.headers))
         answers = [event async for event in rendered(replies, render_generate_response, True)]
         errors = [a for a in answers if "error" in a]
         if errors:
@@ -104,14 +105,14 @@ class StreamRoutes:
 
     async def generate_stream(self, request: Request) -> Response:
         name, version, parsed = await self._generate_body(request)
-        replies = await self._service.stream(name, version, parsed)
+        replies = await self._service.stream(name, version, parsed, caller_context(request.headers))
         return sse(rendered(replies, render_generate_response, skip_empty_final=True))
 
     async def infer_stream(self, request: Request) -> Response:
         name, version = self._target(request)
         self._service.catalog.version(name, version)
         parsed = parse_infer_request(await self._read_body(request), self._header_length(request))
-        replies = await self._service.stream(name, version, parsed)
+        replies = await self._service.stream(name, version, parsed, caller_context(request.headers))
         return sse(rendered(replies, render_v2, skip_empty_final=False))
 
     async def websocket(self, socket: WebSocket) -> None:

@@ -81,7 +81,7 @@ class ControlListener:
         worker, model = self._models.worker_id, message.model
         if not self._models.serves(model):
             return ControlReply(message.id, worker, model, "skipped")
-        log.info("control.received", action=message.action, model=model, worker=worker)
+        log.info("control.received", action=message.action, model=model, worker_id=worker)
         if not self._settings.accepts_requests:
             return ControlReply(message.id, worker, model, "failed", code="invalid_argument",
                                 error=f"worker {worker} runs in model control mode '{self._settings.mode}', "
@@ -94,5 +94,5 @@ class ControlListener:
             return ControlReply(message.id, worker, model, "unloaded")
         except Exception as exc:
             error = error_of(exc)
-            log.error("control.failed", action=message.action, model=model, worker=worker, error=str(error))
+            log.error("control.failed", action=message.action, model=model, worker_id=worker, error=str(error))
             return ControlReply(message.id, worker, model, "failed", error=str(error), code=error.code)

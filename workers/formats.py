@@ -13,6 +13,10 @@ Every reply carries headers naming what it answers, so a client reading a
 shared reply topic can match it without decoding the body:
 ``content-type``, ``request-id``, ``model`` and, on errors, ``error`` (the
 error code).
+
+A request without a trace context of its own takes the ``traceparent`` and
+``tracestate`` headers of its message, so a producer outside ferry (kcat)
+can start the trace.
 """
 
 from __future__ import annotations
@@ -54,9 +58,27 @@ def reply_headers(response: Response, content_type: str) -> Headers:
     return tuple(headers)
 
 
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def header_trace(delivery: Delivery) -> dict[str, str]:
+    """The W3C trace context a producer put in the message's headers (a Kafka
+    header, or a Redis entry's ``h.traceparent`` field)."""
+    found = {name: delivery.header(name) for name in TRACE_HEADERS}
+    return {name: value.decode(errors="replace").strip() for name, value in found.items() if value}
+
+
+def with_header_trace(request: Request, delivery: Delivery) -> Request:
+    """The envelope's own trace context wins; without one, the headers' is used."""
+    if request.trace.get("traceparent") or not delivery.headers:
+        return request
+    trace = header_trace(delivery)
+    return replace(request, trace=trace) if trace else request
+
+
 class EnvelopeFormat:
     def decode(self, delivery: Delivery, model: str) -> Request:
-        return decode_request(delivery.payload)
+        return with_header_trace(decode_request(delivery.payload), delivery)
 
     def reply(self, delivery: Delivery, request: Request | None, response: Response) -> Outgoing | None:
         if request is None:

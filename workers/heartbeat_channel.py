@@ -18,7 +18,8 @@ from collections.abc import Callable
 from broker import channels
 from broker.reader import ChannelReader
 from broker.transport import Delivery, Transport
-from workers.heartbeat import ServedModels, decode_heartbeat, encode_heartbeat, heartbeat_expiry_ns
+from workers.heartbeat import Beat, ServedModels, decode_beat, encode_heartbeat, heartbeat_expiry_ns
+from workers.telemetry.wire import WorkerStats
 
 
 class ChannelHeartbeats:
@@ -27,36 +28,39 @@ class ChannelHeartbeats:
         self._transport = transport
         self._channel = channels.heartbeat_channel(prefix)
         self._wall_ns = wall_ns
-        self._beats: dict[str, tuple[ServedModels, int]] = {}
+        self._beats: dict[str, tuple[Beat, int]] = {}
         reader_id = reader_id or uuid.uuid4().hex[:12]
         self._reader = ChannelReader(transport, self._channel, f"{self._channel}.{reader_id}", reader_id,
                                      self._record, batch=256, poll_timeout_s=poll_timeout_s)
         self._reading = False
 
-    async def beat(self, worker_id: str, models: ServedModels, ttl_s: float) -> None:
-        raw = encode_heartbeat(worker_id, models, self._wall_ns(), ttl_s)
+    async def beat(self, worker_id: str, models: ServedModels, ttl_s: float,
+                   stats: WorkerStats | None = None) -> None:
+        raw = encode_heartbeat(worker_id, models, self._wall_ns(), ttl_s, stats)
         await self._transport.publish(self._channel, raw, key=worker_id)
 
     async def remove(self, worker_id: str) -> None:
         await self._transport.publish(self._channel, encode_heartbeat(worker_id, {}, self._wall_ns()), key=worker_id)
 
     async def live(self) -> dict[str, ServedModels]:
+        return {worker: beat.models for worker, beat in (await self.beats()).items()}
+
+    async def beats(self) -> dict[str, Beat]:
         if not self._reading:
             self._reading = True
             await self._reader.start()
         now = self._wall_ns()
-        return {worker: models for worker, (models, expiry) in self._beats.items() if expiry > now}
+        return {worker: beat for worker, (beat, expiry) in self._beats.items() if expiry > now}
 
     async def aclose(self) -> None:
         await self._reader.aclose()
 
     async def _record(self, delivery: Delivery) -> None:
-        found = decode_heartbeat(delivery.payload)
-        if found is None:
+        beat = decode_beat(delivery.payload)
+        if beat is None:
             return
-        worker, models = found
         expiry = heartbeat_expiry_ns(delivery.payload)
         if expiry <= self._wall_ns():
-            self._beats.pop(worker, None)
+            self._beats.pop(beat.worker, None)
         else:
-            self._beats[worker] = (models, expiry)
+            self._beats[beat.worker] = (beat, expiry)

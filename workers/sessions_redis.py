@@ -98,7 +98,7 @@ class RedisSessions:
                 if await self._adopt(channel):
                     self._adopted.setdefault(model, set()).add(channel)
                     adopted.setdefault(model, []).append(channel)
-                    log.info("sessions.adopted", model=model, channel=channel, worker=self._worker_id)
+                    log.info("sessions.adopted", model=model, channel=channel, worker_id=self._worker_id)
         return adopted
 
     async def aclose(self) -> None:

@@ -48,6 +48,7 @@ from typing import Protocol
 
 import numpy as np
 import structlog
+from structlog.contextvars import bind_contextvars
 
 from broker import channels
 from broker.envelope import ErrorInfo, ParamValue, Request, Response, WireTensor
@@ -166,13 +167,13 @@ class Worker:
         served = self._settings.models or tuple(sorted(index.entries))
         for name in self._settings.control.startup_models(served):
             if name not in index.entries:
-                log.error("worker.model_unavailable", model=name, worker=self.worker_id,
+                log.error("worker.model_unavailable", model=name, worker_id=self.worker_id,
                           reason=str(index.errors.get(name, "not in the repository")))
                 continue
             try:
                 await self.load_model(name)
             except Exception as exc:
-                log.error("worker.load_failed", model=name, worker=self.worker_id, error=str(exc))
+                log.error("worker.load_failed", model=name, worker_id=self.worker_id, error=str(exc))
 
     def ready_models(self) -> dict[str, tuple[int, ...]]:
         return self._models.ready()
@@ -338,7 +339,7 @@ class Worker:
             log.warning("worker.claim_failed", channel=channel, error=str(exc))
             return
         if deliveries:
-            log.info("worker.claimed", channel=channel, count=len(deliveries), worker=self.worker_id)
+            log.info("worker.claimed", channel=channel, count=len(deliveries), worker_id=self.worker_id)
         self._dispatch(model, deliveries)
 
     async def _trim(self, channel: str) -> None:
@@ -372,6 +373,8 @@ class Worker:
 
     async def _handle(self, model: str, delivery: Delivery) -> None:
         received = self._wall_ns()
+        # Every log line about this delivery (this task's) carries these, and its ids once known.
+        bind_contextvars(model=model, worker_id=self.worker_id)
         if exhausted(delivery, self._settings.recovery):
             await self._dead_letters.give_up(
                 delivery, dead_letter_reason(delivery), exhausted_error(delivery, self._settings.recovery)
@@ -386,6 +389,7 @@ class Worker:
             await self._transport.ack(delivery)
             self._unread(model, received, REJECTED)
             return
+        bind_contextvars(request_id=request.id)
         timeline = Timeline.of(request, self.worker_id, received)
         self._observer.received(timeline)
         try:
@@ -509,6 +513,7 @@ class Worker:
 
     async def _respond(self, model: str, request: Request, timeline: Timeline) -> Response:
         response = await self._compute(model, request, timeline)
+        _bind_batch(timeline)
         if response.error is not None:
             timeline.outcome = response.error.code
         return response
@@ -530,6 +535,7 @@ class Worker:
                 outputs=tuple(_wire(name, array) for name, array in outputs.items()),
             )
         except Exception as exc:
+            _bind_batch(timeline)  # its batch, if one ran, is known now
             return self._error_response(request, exc)
 
     def _error_response(self, request: Request, exc: Exception, parameters: dict[str, ParamValue] | None = None) -> Response:
@@ -544,6 +550,11 @@ class Worker:
         if request.model != model:
             raise ModelNotFound(f"model '{request.model}' is not served on the request channel of '{model}'")
         return self._models.use(model, request.model_version)
+
+
+def _bind_batch(timeline: Timeline) -> None:
+    if timeline.batch_id:
+        bind_contextvars(batch_id=timeline.batch_id)
 
 
 def _stream_response(runner: ModelRunner, request: Request, outputs: dict[str, np.ndarray]) -> Response:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -63,6 +64,10 @@ from broker.transports.kafka_settings import KafkaSettings
 log = structlog.get_logger("ferry.broker.kafka")
 
 MAX_REPLICATION = 3
+# A group's coordinator can be briefly unavailable (a fresh cluster creating
+# __consumer_offsets on the first lookup, a coordinator moving): read again.
+COORDINATOR_RETRY_S = 10.0
+COORDINATOR_BACKOFF_S = 0.2
 # The transport's own headers, which ``release`` sets afresh.
 OWN_HEADERS = frozenset({ATTEMPTS_HEADER, KEY_HEADER})
 
@@ -282,7 +287,7 @@ class KafkaTransport:
             tps = [TopicPartition(topic, p["partition_index"]) for p in described["partitions"]]
             starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
             ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
-            committed = admin.list_group_offsets({group: tps}).get(group, {})
+            committed = _committed_offsets(admin, group, tps)
         bases = {}
         for tp in tps:
             mark = committed.get(tp)
@@ -320,3 +325,14 @@ def _settle(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], value: A
         loop.call_soon_threadsafe(settle)
     except RuntimeError:
         pass  # the loop has closed; nobody awaits the send any more
+
+
+def _committed_offsets(admin: KafkaAdminClient, group: str, tps: list[TopicPartition]) -> dict[Any, Any]:
+    deadline = time.monotonic() + COORDINATOR_RETRY_S
+    while True:
+        try:
+            return dict(admin.list_group_offsets({group: tps}).get(group, {}))
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() >= deadline:
+                raise
+            time.sleep(COORDINATOR_BACKOFF_S)

@@ -50,17 +50,19 @@ class JobService:
     async def submit(self, model: str, version: str, parsed: ParsedInfer,
                      trace: dict[str, str] | None = None) -> Job:
         job_id = uuid.uuid4().hex
-        request = self._inference.envelope(model, version, parsed, trace, self._reply_channel, job_id)
-        job = Job(job_id, request.model, version, self._wall_ns(),
-                  Rendering(parsed.id, parsed.outputs, parsed.binary_output_default))
-        # Stored before it is published, so its reply always finds it.
-        await self._store.create(job)
-        try:
-            await self._inference.publish(request)
-        except BaseException:
-            await self._store.discard(job_id)
-            raise
-        return job
+        # The span covers only the submission; the workers' spans, later, are its children.
+        with self._inference.tracer.span(model, job_id, trace, job=True) as span:
+            request = self._inference.envelope(model, version, parsed, span.trace, self._reply_channel, job_id)
+            job = Job(job_id, request.model, version, self._wall_ns(),
+                      Rendering(parsed.id, parsed.outputs, parsed.binary_output_default))
+            # Stored before it is published, so its reply always finds it.
+            await self._store.create(job)
+            try:
+                await self._inference.publish(request)
+            except BaseException:
+                await self._store.discard(job_id)
+                raise
+            return job
 
     async def get(self, job_id: str) -> Job:
         job = await self._store.get(job_id) if _plausible(job_id) else None

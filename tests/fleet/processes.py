@@ -174,6 +174,8 @@ class ProcessFleet:
         """Start a worker; with ``wait``, return once its heartbeat is seen
         (it heartbeats only after its models are loaded)."""
         name = f"worker-{worker_id}-{len(self.processes)}"
+        if "--metrics-port" not in extra:
+            extra = ("--metrics-port", "0", *extra)  # many workers on one host: no fixed port 8002
         worker = FerryProcess(name, self._command("worker", "--worker-id", worker_id, *extra),
                               self.log_dir / f"{name}.log")
         self.processes.append(worker)
