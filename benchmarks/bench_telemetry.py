@@ -2,24 +2,27 @@
 metrics on plus tracing sampled at 1%.
 
 The three servers run side by side for the whole benchmark (idle ones cost nothing), and
-the measurement rounds alternate between them (off, metrics, tracing, off, ...), so slow
-drift on a shared machine falls on all three alike. Each configuration's figure is its
+the measurement rounds alternate between them, each round starting with the next one (off,
+metrics, tracing; metrics, tracing, off; ...), so slow drift on a shared machine falls on all
+three alike. Each configuration's figure is its
 median over the rounds; the key figure is its throughput over the "off" server's, within
 this run. Spans go to a JSON-lines file (a real exporter, writing on a background thread).
 
-    python benchmarks/bench_telemetry.py            # 5 rounds at concurrency 16 and 64, ~3 min
+    python benchmarks/bench_telemetry.py            # 6 rounds at concurrency 16 and 64, ~4 min
     python benchmarks/bench_telemetry.py --quick    # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,7 +43,7 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "telemetry.json"
 
 @dataclass(frozen=True, slots=True)
 class BenchSettings:
-    rounds: int = 5
+    rounds: int = 6
     duration_s: float = 4.0
     warmup_s: float = 1.5
     concurrency: tuple[int, ...] = (16, 64)
@@ -50,7 +53,7 @@ class BenchSettings:
 
 def settings_from_args(argv: Sequence[str] | None) -> BenchSettings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per point")
     parser.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before each point")
     parser.add_argument("--concurrency", type=int_list, default=(16, 64))
@@ -85,7 +88,10 @@ def measure(settings: BenchSettings, scratch: Path) -> dict[str, dict[int, list[
                 ferry_server(repository, log, extra_args=server_args(mode, scratch, settings.trace_rate)))
         for round_index in range(settings.rounds):
             for concurrency in settings.concurrency:
-                for mode, server in servers.items():
+                # Each round starts with the next configuration, so none is always measured first or last.
+                order = list(servers.items())
+                shift = round_index % len(order)
+                for mode, server in order[shift:] + order[:shift]:
                     spec = LoadSpec(concurrency, settings.warmup_s, settings.duration_s)
                     summary = runner.run(_measure_point(mode, _target(server), spec, server.pid))
                     results[mode][concurrency].append(summary)
@@ -93,6 +99,67 @@ def measure(settings: BenchSettings, scratch: Path) -> dict[str, dict[int, list[
                           f"{summary.images_per_s:9.1f} img/s  p99 {summary.p99_ms or 0:7.2f} ms"
                           + (f"  ({summary.errors} errors)" if summary.errors else ""), flush=True)
     return results
+
+
+def micro_costs(rate: float, scratch: Path, calls: int = 20_000) -> dict[str, float]:
+    """Microseconds per request of each telemetry step, timed in this process: what the
+    throughput rows, noisy on a shared machine, can only bound."""
+    from broker.envelope import Response
+    from gateway.metrics import HttpBook, HttpCounting
+    from gateway.tracing import GatewayTracer
+    from workers.telemetry.settings import TraceSettings
+    from workers.telemetry.stats import StatsBook
+    from workers.telemetry.timeline import BatchRecord, Timeline
+    from workers.telemetry.tracing.provider import Tracing
+    from workers.telemetry.tracing.worker_spans import TracingObserver
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200})  # type: ignore[operator]
+
+    async def send(message: object) -> None:
+        return None
+
+    counting = HttpCounting(app, HttpBook(), lambda name: True)
+    scope = {"type": "http", "path": "/v2/models/cnn/infer"}
+    stats = StatsBook()
+    tracing = Tracing.open(TraceSettings("jsonl", file=scratch / "micro-spans.jsonl", rate=rate), "bench")
+    gateway, observer = GatewayTracer(tracing), TracingObserver(tracing)
+    reply = Response(id="r", model="cnn", model_version="1")
+    batch = BatchRecord("cnn", "1", "b-1", 32, 32, 3, 4, 5)
+
+    def timeline(trace: dict[str, str]) -> Timeline:
+        return Timeline("r", "cnn", "1", "w", trace, 1, 2, 3, 4, 5, 6)
+
+    def metrics_step() -> None:
+        record = timeline({})
+        stats.received(record)
+        stats.batch_ran(batch)
+        stats.finished(record)
+
+    def tracing_step() -> None:
+        with gateway.span("cnn", "r", None) as span:
+            span.answered(reply)
+        observer.finished(timeline(span.trace))
+
+    loop = asyncio.new_event_loop()
+    try:
+        costs = {
+            "http_counting_us": _per_call_us(lambda: loop.run_until_complete(counting(scope, None, send)), calls)
+            - _per_call_us(lambda: loop.run_until_complete(app(scope, None, send)), calls),
+            "stats_book_us": _per_call_us(metrics_step, calls),
+            "tracing_us": _per_call_us(tracing_step, calls),
+        }
+    finally:
+        loop.close()
+        asyncio.run(tracing.aclose())
+    return costs
+
+
+def _per_call_us(step: Callable[[], object], calls: int) -> float:
+    started = time.perf_counter()
+    for _ in range(calls):
+        step()
+    return (time.perf_counter() - started) / calls * 1e6
 
 
 def median_rate(summaries: list[Summary]) -> float:
@@ -109,6 +176,8 @@ def table(results: dict[str, dict[int, list[Summary]]]) -> list[dict[str, object
             rows.append({
                 "mode": mode, "concurrency": concurrency, "images_per_s": rate,
                 "p99_ms": statistics.median(s.p99_ms or 0.0 for s in summaries),
+                # Server CPU per image: less at the mercy of other work on the machine than throughput.
+                "server_cpu_ms_per_image": statistics.median(s.compute_ms_per_image or 0.0 for s in summaries),
                 "ratio_to_off": rate / base if base else None,
                 "rounds": [s.images_per_s for s in summaries],
                 "errors": sum(s.errors for s in summaries),
@@ -117,11 +186,13 @@ def table(results: dict[str, dict[int, list[Summary]]]) -> list[dict[str, object
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
-    print(f"\n{'mode':<24} {'concurrency':>11} {'images/s (median)':>18} {'p99 ms':>8} {'ratio to off':>13}")
+    print(f"\n{'mode':<24} {'concurrency':>11} {'images/s (median)':>18} {'p99 ms':>8} {'ratio to off':>13} "
+          f"{'server CPU ms/image':>20}")
     for row in rows:
         ratio = row["ratio_to_off"]
         print(f"{row['mode']:<24} {row['concurrency']:>11} {row['images_per_s']:>18.1f} "
-              f"{row['p99_ms']:>8.2f} {ratio if ratio is None else format(ratio, '.3f'):>13}")
+              f"{row['p99_ms']:>8.2f} {ratio if ratio is None else format(ratio, '.3f'):>13} "
+              f"{row['server_cpu_ms_per_image']:>20.3f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,8 +203,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = measure(settings, Path(scratch))
         spans_file = Path(scratch) / "spans.jsonl"
         spans = len(spans_file.read_text().splitlines()) if spans_file.exists() else 0
+        costs = micro_costs(settings.trace_rate, Path(scratch))
     rows = table(results)
     print_table(rows)
+    off_cpu_us = statistics.median(row["server_cpu_ms_per_image"] for row in rows if row["mode"] == OFF) * 1e3
+    metrics_us = costs["http_counting_us"] + costs["stats_book_us"]
+    shares = {"metrics": metrics_us / off_cpu_us, "tracing": costs["tracing_us"] / off_cpu_us}
+    print(f"\nper request, timed in-process: HTTP counting {costs['http_counting_us']:.1f} us, stats book "
+          f"{costs['stats_book_us']:.1f} us, tracing at rate {settings.trace_rate} {costs['tracing_us']:.1f} us; "
+          f"against {off_cpu_us:.0f} us of server CPU per image with both off: metrics {shares['metrics']:.2%}, "
+          f"tracing {shares['tracing']:.2%}")
     worst = min(row["ratio_to_off"] or 0.0 for row in rows if row["mode"] == TRACING)
     worst_metrics = min(row["ratio_to_off"] or 0.0 for row in rows if row["mode"] == METRICS)
     print(f"\nspans exported at rate {settings.trace_rate}: {spans}")
@@ -145,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "settings": {"rounds": settings.rounds, "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
                      "concurrency": list(settings.concurrency), "trace_rate": settings.trace_rate},
         "results": rows, "spans_exported": spans,
+        "per_request_us": costs, "share_of_server_cpu_per_image": shares,
         "key_figure": {"metrics_loss": 1 - worst_metrics, "metrics_tracing_loss": 1 - worst,
                        "target": TARGET_LOSS, "met": 1 - worst < TARGET_LOSS and 1 - worst_metrics < TARGET_LOSS},
     }, indent=2) + "\n")

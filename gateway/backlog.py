@@ -11,7 +11,6 @@ or a dashboard refresh never waits on the broker.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from broker import channels
 from broker.errors import TransportError
+from gateway.periodic import Periodic
 from workers.repository import RepositoryIndex
 
 log = structlog.get_logger("ferry.gateway.backlog")
@@ -75,9 +75,8 @@ class BacklogPoller:
         self._transport = transport
         self._models = models
         self._prefix = prefix
-        self._interval_s = interval_s
         self._snapshot: list[QueueBacklog] = []
-        self._task: asyncio.Task[None] | None = None
+        self._reader = Periodic(self.refresh, interval_s, "backlog-poller")
 
     def snapshot(self) -> list[QueueBacklog]:
         """The last reading (empty until the first one lands)."""
@@ -85,13 +84,10 @@ class BacklogPoller:
 
     async def start(self) -> None:
         # The first read happens in the background: a slow broker must not hold up start-up.
-        self._task = asyncio.create_task(self._loop(), name="backlog-poller")
+        await self._reader.start(first_in_background=True)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._reader.aclose()
 
     async def refresh(self) -> None:
         try:
@@ -99,13 +95,6 @@ class BacklogPoller:
         except TransportError as exc:
             # Keep the last reading; the broker may be back by the next one.
             log.warning("backlog.read_failed", error=str(exc))
-        except Exception:
-            log.exception("backlog.read_failed")
-
-    async def _loop(self) -> None:
-        while True:
-            await self.refresh()
-            await asyncio.sleep(self._interval_s)
 
 
 class BacklogCollector(Collector):

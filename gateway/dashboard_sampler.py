@@ -9,7 +9,6 @@ last ``rate_window_s`` (``dashboard_data.window``). Requests for
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 import structlog
 
 from broker.errors import TransportError
+from gateway.periodic import Periodic
 from gateway.dashboard_data import ModelWindow, Sample, WorkerSnapshot, window, worker_windows
 from workers.heartbeat import Beat
 
@@ -49,7 +49,7 @@ class StatsSampler:
         self._beats: Mapping[str, Beat] = {}
         self._samples: deque[Sample] = deque()
         self._points: deque[Point] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._sampler = Periodic(self.sample, settings.interval_s, "dashboard-sampler")
 
     @property
     def settings(self) -> DashboardSettings:
@@ -78,14 +78,10 @@ class StatsSampler:
         return worker_windows(self._samples, self._samples[-1].at_s - self._settings.rate_window_s)
 
     async def start(self) -> None:
-        await self.sample()
-        self._task = asyncio.create_task(self._loop(), name="dashboard-sampler")
+        await self._sampler.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._sampler.aclose()
 
     async def sample(self) -> None:
         try:
@@ -112,10 +108,3 @@ class StatsSampler:
         while self._points and self._points[0].at_s < now_s - self._settings.history_s:
             self._points.popleft()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._settings.interval_s)
-            try:
-                await self.sample()
-            except Exception:
-                log.exception("dashboard.sample_failed")

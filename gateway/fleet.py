@@ -32,6 +32,7 @@ from gateway.management import ModelManager
 from gateway.jobs import JobSettings, build_jobs
 from gateway.embedded import ServeSettings, live_workers
 from gateway.message_format import V2MessageFormat
+from gateway.periodic import Periodic
 from gateway.metrics import gateway_metrics
 from gateway.worker_http import WorkerHealth, WorkerHttp, worker_http_app
 from broker.replies import ReplyRouter
@@ -61,10 +62,9 @@ class FleetReadiness:
 
     def __init__(self, store: HeartbeatStore, refresh_s: float = 0.5) -> None:
         self._store = store
-        self._refresh_s = refresh_s
         self._served: ServedModels = {}
         self._workers: tuple[str, ...] = ()
-        self._task: asyncio.Task[None] | None = None
+        self._refresher = Periodic(self.refresh, refresh_s, "fleet-readiness")
 
     def __call__(self) -> ServedModels:
         return self._served
@@ -74,14 +74,10 @@ class FleetReadiness:
         return self._workers
 
     async def start(self) -> None:
-        await self.refresh()
-        self._task = asyncio.create_task(self._loop(), name="fleet-readiness")
+        await self._refresher.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._refresher.aclose()
 
     async def refresh(self) -> None:
         try:
@@ -92,11 +88,6 @@ class FleetReadiness:
             workers = {}
         self._served = union(workers.values())
         self._workers = tuple(sorted(workers))
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_s)
-            await self.refresh()
 
 
 def union(served: Iterable[ServedModels]) -> ServedModels:
