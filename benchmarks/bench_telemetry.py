@@ -125,7 +125,7 @@ def micro_costs(rate: float, scratch: Path, calls: int = 20_000) -> dict[str, fl
     tracing = Tracing.open(TraceSettings("jsonl", file=scratch / "micro-spans.jsonl", rate=rate), "bench")
     gateway, observer = GatewayTracer(tracing), TracingObserver(tracing)
     reply = Response(id="r", model="cnn", model_version="1")
-    batch = BatchRecord("cnn", "1", "b-1", 32, 32, 3, 4, 5)
+    batch = BatchRecord("cnn", "1", "b-1", 32, 32, 4, 5)
 
     def timeline(trace: dict[str, str]) -> Timeline:
         return Timeline("r", "cnn", "1", "w", trace, 1, 2, 3, 4, 5, 6)

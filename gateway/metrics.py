@@ -128,20 +128,26 @@ class GatewayMetrics:
         self.registry.register(collector)
 
     def routes(self) -> list[Route]:
-        return [Route("/metrics", self.scrape, methods=["GET"])]
+        return [metrics_route(self.registry)]
 
     def middleware(self) -> list[Middleware]:
         return [Middleware(HttpCounting, book=self.http, known=self._known)]
-
-    async def scrape(self, request: Request) -> Response:
-        # Rendered on the event loop, the thread that updates the books, so a scrape sees whole numbers.
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def start(self) -> None:
         await self.backlog.start()
 
     async def aclose(self) -> None:
         await self.backlog.aclose()
+
+
+def metrics_route(registry: CollectorRegistry) -> Route:
+    """``GET /metrics``: ``registry`` in Prometheus' text format."""
+
+    async def scrape(request: Request) -> Response:
+        # Rendered on the event loop, the thread that updates the books, so a scrape sees whole numbers.
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Route("/metrics", scrape, methods=["GET"])
 
 
 def gateway_metrics(settings: TelemetrySettings, broker: Backlog, catalog: ModelCatalog, workers: LiveWorkers,

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from broker.envelope import Response
+from workers.formats import TRACE_HEADERS
 from workers.telemetry.tracing import names
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ UNTRACED = Untraced()
 
 def caller_context(headers: Mapping[str, str]) -> dict[str, str]:
     """The W3C trace context an HTTP caller sent (``traceparent``, ``tracestate``)."""
-    return {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
+    return {name: headers[name] for name in TRACE_HEADERS if name in headers}
 
 
 def gateway_tracer(tracing: Tracing | None) -> RequestTracer | None:

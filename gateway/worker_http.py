@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from enum import Enum
 
 import uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from gateway.metrics import metrics_route
 
 
 class Phase(Enum):
@@ -52,13 +54,9 @@ def worker_http_app(health: WorkerHealth, registry: CollectorRegistry | None) ->
     async def ready(request: Request) -> Response:
         return Response(health.phase.value, status_code=200 if health.ready else 503)
 
-    async def metrics(request: Request) -> Response:
-        assert registry is not None
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
     routes = [Route("/v2/health/live", live, methods=["GET"]), Route("/v2/health/ready", ready, methods=["GET"])]
     if registry is not None:
-        routes.append(Route("/metrics", metrics, methods=["GET"]))
+        routes.append(metrics_route(registry))
     return Starlette(routes=routes)
 
 

@@ -92,7 +92,7 @@ def encode_heartbeat(worker_id: str, models: ServedModels, sent_ns: int, ttl_s: 
     raw = msgpack.packb({**body, "stats": stats}, use_bin_type=True)
     if len(raw) <= MAX_HEARTBEAT_BYTES:
         return raw
-    log.warning("heartbeat.stats_dropped", worker=worker_id, size=len(raw), limit=MAX_HEARTBEAT_BYTES)
+    log.warning("heartbeat.stats_dropped", worker_id=worker_id, size=len(raw), limit=MAX_HEARTBEAT_BYTES)
     return msgpack.packb(body, use_bin_type=True)
 
 

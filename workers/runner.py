@@ -41,6 +41,7 @@ class _Item:
 
     tensors: Tensors
     timeline: Timeline | None
+    rows: int  # rows_of(tensors) for a batching model, else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ class ModelRunner:
             return _select(outputs, request.outputs)
         assert self._batcher is not None, "infer() before start()"
         outputs = await self._batcher.submit(
-            _Item(inputs, timeline),
+            _Item(inputs, timeline, rows),
             rows=rows,
             key=batch_key(inputs),
             priority=self.config.priority_level(request.priority),
@@ -209,52 +210,46 @@ class ModelRunner:
         """One merged sequence batch on the instance the sequence table chose."""
         backend = self._backends[instance]
         loop = asyncio.get_running_loop()
-        formed = self._clocks.wall_ns()
-        failed = True
+        start = self._clocks.wall_ns()
         try:
             outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
-            failed = False
         finally:
             rows = rows_of(tensors) if self.config.max_batch_size > 0 else 1
             self._observer.batch_ran(BatchRecord(self.entry.name, str(self.version), next(self._batch_ids),
-                                                 rows, 1, formed, formed, self._clocks.wall_ns(), failed))
+                                                 rows, 1, start, self._clocks.wall_ns()))
         missing = [o.name for o in self.config.outputs if o.name not in outputs]
         if missing:
             raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
         return outputs
 
     async def _run_batch(self, batch: Sequence[_Item]) -> list[Tensors | BaseException]:
-        formed = self._clocks.wall_ns()
         backend = await self._idle.get()
-        start, failed = self._clocks.wall_ns(), True
+        start = self._clocks.wall_ns()
         try:
             loop = asyncio.get_running_loop()
             # Merging and splitting copy whole batches: keep them off the event loop.
-            results = await loop.run_in_executor(self._executor, self._compute, backend, batch)
-            failed = False
-            return results
+            return await loop.run_in_executor(self._executor, self._compute, backend, batch)
         finally:
             self._idle.put_nowait(backend)
-            self._record(batch, formed, start, failed)
+            self._record(batch, start)
 
-    def _record(self, batch: Sequence[_Item], formed: int, start: int, failed: bool) -> None:
-        rows = sum(rows_of(item.tensors) for item in batch) if self.config.max_batch_size > 0 else 1
+    def _record(self, batch: Sequence[_Item], start: int) -> None:
+        rows = sum(item.rows for item in batch)
         record = BatchRecord(self.entry.name, str(self.version), next(self._batch_ids), rows, len(batch),
-                             formed, start, self._clocks.wall_ns(), failed)
+                             start, self._clocks.wall_ns())
         for item in batch:
             if item.timeline is not None:
                 item.timeline.ran_in(record)
         self._observer.batch_ran(record)
 
     def _compute(self, backend: Backend, items: Sequence[_Item]) -> list[Tensors | BaseException]:
-        batch = [item.tensors for item in items]
-        outputs = backend.infer(merge(batch))
+        outputs = backend.infer(merge([item.tensors for item in items]))
         missing = [o.name for o in self.config.outputs if o.name not in outputs]
         if missing:
             raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
         if self.config.max_batch_size <= 0:
             return [outputs]
-        return list(split(outputs, [rows_of(inputs) for inputs in batch]))
+        return list(split(outputs, [item.rows for item in items]))
 
 
 def _select(outputs: Tensors, wanted: Sequence[str]) -> Tensors:

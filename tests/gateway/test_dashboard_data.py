@@ -26,7 +26,7 @@ def record(book: StatsBook, rows: int, seconds: float = 0.004, outcome: str = "s
     """One request of ``rows`` rows, alone in its batch, answered after ``seconds``."""
     timeline = Timeline("r", model, version, "w", enqueued_ns=NS, received_ns=NS)
     book.received(timeline)
-    batch = BatchRecord(model, version, "b", rows, 1, NS, NS, NS + int(seconds * NS / 2))
+    batch = BatchRecord(model, version, "b", rows, 1, NS, NS + int(seconds * NS / 2))
     book.batch_ran(batch)
     timeline.ran_in(batch)
     timeline.rows, timeline.outcome, timeline.done_ns = rows, outcome, NS + int(seconds * NS)

@@ -33,7 +33,7 @@ def request(model: str, version: str, rows: int, outcome: str = "success", start
 
 
 def batch(model: str, version: str, size: int) -> BatchRecord:
-    return BatchRecord(model, version, "b", size, 1, 0, 0, 0)
+    return BatchRecord(model, version, "b", size, 1, 0, 0)
 
 
 def filled_book() -> StatsBook:

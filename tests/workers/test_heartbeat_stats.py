@@ -27,7 +27,7 @@ def book_with(requests: list[tuple[str, int, float]], model: str = "add_sub") ->
     for i, (outcome, rows, seconds) in enumerate(requests):
         timeline = Timeline(f"r{i}", model, "1", "w1", enqueued_ns=NS, received_ns=NS)
         book.received(timeline)
-        batch = BatchRecord(model, "1", f"b{i}", rows, 1, NS, NS, NS + int(seconds * NS / 2))
+        batch = BatchRecord(model, "1", f"b{i}", rows, 1, NS, NS + int(seconds * NS / 2))
         book.batch_ran(batch)
         timeline.ran_in(batch)
         timeline.rows, timeline.outcome, timeline.done_ns = rows, outcome, NS + int(seconds * NS)

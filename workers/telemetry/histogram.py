@@ -54,10 +54,3 @@ class Histogram:
 
     def to_wire(self) -> dict[str, Any]:
         return {"counts": list(self.counts), "sum": self.total, "count": self.count}
-
-    @classmethod
-    def from_wire(cls, bounds: tuple[float, ...], raw: dict[str, Any]) -> Histogram:
-        counts = [int(c) for c in raw.get("counts", [])]
-        if len(counts) != len(bounds) + 1:
-            counts = []
-        return cls(bounds, counts, float(raw.get("sum", 0.0)), int(raw.get("count", 0)))

@@ -27,7 +27,6 @@ class Timeline:
     trace: dict[str, str] = field(default_factory=dict)
     enqueued_ns: int = 0  # the gateway (or producer) published it
     received_ns: int = 0  # this worker took it from the broker
-    batched_ns: int = 0  # its batch was formed and handed to an instance
     compute_start_ns: int = 0
     compute_end_ns: int = 0
     done_ns: int = 0  # the reply was published
@@ -54,7 +53,6 @@ class Timeline:
     def ran_in(self, batch: BatchRecord) -> None:
         self.batch_id = batch.batch_id
         self.batch_size = batch.size
-        self.batched_ns = batch.formed_ns
         self.compute_start_ns = batch.start_ns
         self.compute_end_ns = batch.end_ns
 
@@ -68,7 +66,5 @@ class BatchRecord:
     batch_id: str
     size: int  # rows
     requests: int
-    formed_ns: int
     start_ns: int
     end_ns: int
-    failed: bool = False
