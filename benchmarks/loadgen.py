@@ -77,23 +77,34 @@ def infer_request(host: str, port: int, model: str, tensor: TensorSpec) -> bytes
         }],
         "parameters": {"binary_data_output": True},
     }, separators=(",", ":")).encode()
-    head = (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\n"
-        f"Host: {host}:{port}\r\n"
-        "Content-Type: application/octet-stream\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n"
-        f"Content-Length: {len(header) + len(tensor.data)}\r\n"
-        "\r\n"
-    ).encode()
-    return head + header + tensor.data
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
+    return http_request(host, port, "POST", f"/v2/models/{model}/infer", header + tensor.data, headers)
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, int | None]:
-    """Status, body and the ``Inference-Header-Content-Length`` of one response."""
+def http_request(host: str, port: int, method: str, path: str, body: bytes = b"",
+                 headers: dict[str, str] | None = None) -> bytes:
+    """A complete HTTP/1.1 request with a ``Content-Length``, ready to send as is."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}",
+             *(f"{name}: {value}" for name, value in (headers or {}).items()),
+             f"Content-Length: {len(body)}", "", ""]
+    return "\r\n".join(lines).encode() + body
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    status: int
+    body: bytes
+    header_length: int | None   # Inference-Header-Content-Length: binary outputs follow the JSON
+    closing: bool = False       # the server said ``Connection: close``
+
+
+async def read_response(reader: asyncio.StreamReader) -> HttpReply:
+    """One response with a ``Content-Length`` body (all ferry sends on these routes)."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     content_length = 0
     header_length = None
+    closing = False
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
@@ -101,17 +112,19 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, int 
             content_length = int(value)
         elif name == HEADER_LENGTH:
             header_length = int(value)
+        elif name == b"connection":
+            closing = value.strip().lower() == b"close"
     body = await reader.readexactly(content_length)
-    return status, body, header_length
+    return HttpReply(status, body, header_length, closing)
 
 
-def _problem(target: Target, status: int, body: bytes, header_length: int | None) -> str | None:
-    if status != 200:
-        return f"HTTP {status}: {body[:200]!r}"
-    if header_length is None:
+def _problem(target: Target, reply: HttpReply) -> str | None:
+    if reply.status != 200:
+        return f"HTTP {reply.status}: {reply.body[:200]!r}"
+    if reply.header_length is None:
         return "response has no Inference-Header-Content-Length (outputs were not binary)"
-    if len(body) - header_length != target.expected_binary_bytes:
-        return f"{len(body) - header_length} output bytes, expected {target.expected_binary_bytes}"
+    if len(reply.body) - reply.header_length != target.expected_binary_bytes:
+        return f"{len(reply.body) - reply.header_length} output bytes, expected {target.expected_binary_bytes}"
     return None
 
 
@@ -121,13 +134,13 @@ async def probe(target: Target) -> dict[str, Any]:
     try:
         writer.write(target.request)
         await writer.drain()
-        status, body, header_length = await _read_response(reader)
+        reply = await read_response(reader)
     finally:
         writer.close()
-    problem = _problem(target, status, body, header_length)
+    problem = _problem(target, reply)
     if problem is not None:
         raise LoadError(problem)
-    return json.loads(body[:header_length])
+    return json.loads(reply.body[:reply.header_length])
 
 
 async def _worker(target: Target, window: _Window, result: LoadResult) -> None:
@@ -137,7 +150,7 @@ async def _worker(target: Target, window: _Window, result: LoadResult) -> None:
             try:
                 writer.write(target.request)
                 await writer.drain()
-                status, body, header_length = await _read_response(reader)
+                reply = await read_response(reader)
             except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
                 result.fail(f"connection: {exc!r}")
                 writer.close()
@@ -146,7 +159,7 @@ async def _worker(target: Target, window: _Window, result: LoadResult) -> None:
             end = perf_counter()
             if not window.start <= end <= window.end:
                 continue
-            problem = _problem(target, status, body, header_length)
+            problem = _problem(target, reply)
             if problem is None:
                 result.latencies_s.append(end - start)
             else:

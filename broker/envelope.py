@@ -20,11 +20,17 @@ WIRE_VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Bounds on one envelope. The gateway checks a request against the same
+    object before it publishes (``gateway.v2_codec``, ``gateway.service``), so
+    what it accepts, a worker can decode."""
+
     max_message_bytes: int = 256 * 1024 * 1024
-    max_tensors: int = 256
+    max_tensors: int = 256  # inputs, outputs, and requested output names
     max_dims: int = 16
+    max_dim_size: int = 2**40 - 1
     max_params: int = 64
     max_name_len: int = 256
+    max_timeout_us: int = 30 * 24 * 3600 * 1_000_000  # 30 days; keeps deadline_ns inside an int64
 
 
 DEFAULT_LIMITS = Limits()
@@ -128,7 +134,7 @@ def decode_request(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
         inputs=body.tensors("inputs"),
         outputs=tuple(body.names("outputs")),
         priority=body.integer("priority"),
-        timeout_us=body.integer("timeout_us"),
+        timeout_us=body.bounded("timeout_us", limits.max_timeout_us),
         deadline_ns=body.integer("deadline_ns"),
         sequence_id=body.sequence_id("sequence_id"),
         sequence_start=body.boolean("sequence_start"),
@@ -154,15 +160,40 @@ def decode_response(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Response:
 
 def peek_reply_to(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[str, str] | None:
     """Best effort (id, reply_to) from a request that failed to decode, so the
-    sender can still be told; None when even that much cannot be read."""
-    try:
-        body = _unpack(raw, limits)
-    except EnvelopeError:
+    sender can still be told; None when even that much cannot be read.
+
+    Only the top-level keys and those two values are built; every other value
+    is skipped unbuilt, so a request over the count limits (too many
+    parameters, say) is still answered, at no more cost than a scan."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)) or len(raw) > limits.max_message_bytes:
         return None
-    request_id, reply_to = body.get("id"), body.get("reply_to")
-    if isinstance(request_id, str) and isinstance(reply_to, str) and request_id and reply_to:
-        return request_id[: limits.max_name_len], reply_to[: limits.max_name_len]
+    try:
+        found = _top_level_strings(raw, ("id", "reply_to"), limits.max_name_len)
+    except Exception:  # msgpack raises many types for corrupt input
+        return None
+    request_id, reply_to = found.get("id"), found.get("reply_to")
+    if request_id and reply_to:
+        return request_id, reply_to
     return None
+
+
+def _top_level_strings(raw: bytes, keys: tuple[str, ...], max_len: int) -> dict[str, str]:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, ext_hook=_reject_ext, max_buffer_size=len(raw),
+                                max_str_len=len(raw), max_bin_len=0, max_array_len=0, max_map_len=0,
+                                max_ext_len=0)
+    unpacker.feed(raw)
+    found: dict[str, str] = {}
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if key not in keys:
+            unpacker.skip()
+            continue
+        value = unpacker.unpack()
+        if isinstance(value, str):
+            found[key] = value[:max_len]
+        if len(found) == len(keys):
+            break
+    return found
 
 
 def _tensor_to_list(tensor: WireTensor) -> list[Any]:
@@ -251,6 +282,12 @@ class _Fields:
             raise EnvelopeError(f"field '{key}' is out of range")
         return value
 
+    def bounded(self, key: str, maximum: int) -> int:
+        value = self._get(key, int, 0)
+        if not 0 <= value <= maximum:
+            raise EnvelopeError(f"field '{key}' must be between 0 and {maximum}")
+        return value
+
     def boolean(self, key: str, default: bool = False) -> bool:
         return self._get(key, bool, default)
 
@@ -262,6 +299,8 @@ class _Fields:
 
     def parameters(self, key: str) -> dict[str, ParamValue]:
         values = self._get(key, dict, {})
+        if len(values) > self._limits.max_params:
+            raise EnvelopeError(f"field '{key}' has more than {self._limits.max_params} entries")
         for name, value in values.items():
             if not isinstance(value, (str, int, float, bool)):
                 raise EnvelopeError(f"parameter '{name}' has type {type(value).__name__}")
@@ -299,8 +338,10 @@ class _Fields:
         if not isinstance(shape, list) or len(shape) > self._limits.max_dims:
             raise EnvelopeError(f"{where} '{name}': shape must be a list of at most "
                                 f"{self._limits.max_dims} dims")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape):
-            raise EnvelopeError(f"{where} '{name}': shape dims must be non-negative integers")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= self._limits.max_dim_size
+                   for d in shape):
+            raise EnvelopeError(f"{where} '{name}': shape dims must be non-negative integers "
+                                f"of at most {self._limits.max_dim_size}")
         if not isinstance(data, bytes):
             raise EnvelopeError(f"{where} '{name}': data must be bytes")
         return WireTensor(name=name, datatype=datatype, shape=tuple(shape), data=data)

@@ -37,7 +37,8 @@ class ReplyRouter:
         self._waiting: dict[str, asyncio.Future[Response]] = {}
         self._streams: dict[str, asyncio.Queue[Response]] = {}
         self._reader = ChannelReader(transport, self.channel, channels.reply_group(owner_id, prefix),
-                                     owner_id, self._route, batch=256, poll_timeout_s=poll_timeout_s)
+                                     owner_id, self._route, batch=256, poll_timeout_s=poll_timeout_s,
+                                     exclusive=True)
 
     async def start(self) -> None:
         await self._reader.start()

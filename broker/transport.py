@@ -63,6 +63,11 @@ class Transport(Protocol):
         """Drop messages every group has acked; never one a group has yet to
         read or ack. Returns how many were dropped."""
 
+    async def cap(self, channel: str, max_count: int) -> int:
+        """Keep only the newest ``max_count`` messages of ``channel``, dropping
+        older ones whether read or not (a bounded log, like the dead letters).
+        Returns how many were dropped."""
+
     async def backlog(self, channel: str, group: str) -> tuple[int, int]:
         """(messages not yet delivered to ``group``, delivered but not acked)."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import structlog
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.websockets import WebSocket
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -20,7 +20,7 @@ from starlette.routing import Route, WebSocketRoute
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
 from gateway.dashboard import Dashboard
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, QueueFull
+from gateway.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
@@ -29,11 +29,10 @@ from gateway.management_http import ManagementRoutes, Restriction
 from gateway.metadata import model_metadata, server_metadata
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
-from gateway.status import status_for, status_for_code
+from gateway.status import ANSWERED, BROKER_DOWN, retry_after, status_for, status_for_code
 from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
-from workers.errors import WorkerError
 from workers.repository import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.http")
@@ -96,8 +95,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(message: str, status: int) -> Response:
-    return Response(render_error(message), status_code=status, media_type="application/json")
+def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(render_error(message), status_code=status, media_type="application/json", headers=headers)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -156,12 +155,10 @@ class _Api:
     async def _guard(self, handler: Callable[[Request], Any], request: Request) -> Response:
         try:
             return await handler(request)
-        except QueueFull as exc:
-            response = error_response(str(exc), status_for(exc))
-            response.headers["Retry-After"] = str(exc.retry_after_s)
-            return response
-        except (GatewayError, WorkerError) as exc:
-            return error_response(str(exc), status_for(exc))
+        except ANSWERED as exc:
+            if isinstance(exc, BROKER_DOWN):
+                log.warning("http.broker_unavailable", path=request.url.path, error=str(exc))
+            return error_response(str(exc), status_for(exc), retry_after(exc))
         except Exception as exc:
             log.exception("http.unhandled", path=request.url.path)
             return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
@@ -226,15 +223,20 @@ class _Api:
     async def read_body(self, request: Request) -> bytes:
         limit = self._settings.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # Clients hang up; that is news, not a fault (and the body timeout does it on purpose).
+            log.info("http.client_disconnected", path=request.url.path, received_bytes=size)
+            raise ClientDisconnected(f"the client disconnected after {size} bytes of its request body") from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -258,9 +260,9 @@ def _header_length(request: Request) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidRequest(f"Inference-Header-Content-Length '{value}' is not an integer") from None
+    # ASCII digits only: int() would also take '１２', '1_2' and ' 12 '.
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise InvalidRequest(f"Inference-Header-Content-Length '{value}' is not an integer")
+    return int(value)
 
 

@@ -18,6 +18,14 @@ from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 ReadyVersions = Callable[[], dict[str, tuple[int, ...]]]
 
 
+def version_number(text: str) -> int | None:
+    """A version as a request names it: ASCII digits only, since str.isdigit()
+    also takes '²' (which int() refuses) and '１' or '١' (which it reads as 1)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        return None
+    return int(text)
+
+
 class ModelCatalog:
     def __init__(self, repository: ModelRepository, ready: ReadyVersions,
                  expected: Iterable[str] | None = None) -> None:
@@ -69,9 +77,10 @@ class ModelCatalog:
         entry = self.entry(name)
         if not version:
             return entry, None
-        if not version.isdigit() or int(version) not in entry.versions:
+        number = version_number(version)
+        if number is None or number not in entry.versions:
             raise ModelNotFound(f"model '{name}' has no version '{version}'")
-        return entry, int(version)
+        return entry, number
 
     def ready_versions(self, name: str) -> tuple[int, ...]:
         return self._ready().get(name, ())

@@ -8,14 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import uvicorn
 import uvloop
-from starlette.applications import Starlette
+from pydantic import ValidationError
 
 from broker import channels
 from gateway.app import HttpSettings
 from gateway.embedded import ServeSettings, build_app
 from gateway.fleet import WorkerProcessSettings, build_gateway_app, run_worker
+from gateway.http_server import ConnectionLimits, serve
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.logs import configure_logging
 from gateway.management import ManagementSettings
@@ -23,6 +23,7 @@ from gateway.management_http import Restriction
 from gateway.service import ServiceSettings
 from gateway import lag_cli, speech_cli
 from workers.control import MODES, ControlSettings
+from workers.deadletter import DeadLetterSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
 from workers.telemetry.settings import TRACE_EXPORTERS, TelemetrySettings, TraceSettings
@@ -89,6 +90,14 @@ def _http_options() -> argparse.ArgumentParser:
     options.add_argument("--http-port", type=int, default=8000)
     options.add_argument("--host", default="0.0.0.0")
     options.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    defaults = ConnectionLimits()
+    options.add_argument("--header-timeout-s", type=float, default=defaults.header_timeout_s,
+                         help="close a connection whose request headers are not complete this long after it "
+                              "opens or its request begins (408 for a partial request)")
+    options.add_argument("--body-timeout-s", type=float, default=defaults.body_timeout_s,
+                         help="answer 408 and close when an unfinished request body sends nothing this long")
+    options.add_argument("--max-connections", type=int, default=defaults.max_connections,
+                         help="open HTTP connections at most; one more gets 503 and is closed")
     options.add_argument("--job-ttl-s", type=float, default=DEFAULT_TTL_S,
                          help="how long an async job and its result are kept")
     options.add_argument("--http-restricted-api", default="", metavar="model-repository:HEADER=VALUE",
@@ -111,6 +120,11 @@ def _worker_options() -> argparse.ArgumentParser:
     options.add_argument("--retry-failures", action=argparse.BooleanOptionalAction, default=None,
                          help="when a model raises, let any worker retry the request (up to --max-deliveries) "
                               "instead of answering with the error; default: on with a shared broker")
+    options.add_argument("--dead-letter-max-count", type=int, default=DeadLetterSettings().max_count,
+                         help="the dead-letter channel keeps this many letters, the newest")
+    options.add_argument("--dead-letter-max-bytes", type=int, default=DeadLetterSettings().max_bytes,
+                         help="what those letters may add up to: each is at most this divided by "
+                              "--dead-letter-max-count bytes, a longer payload cut to its first bytes")
     options.add_argument("--session-store", default="",
                          help="where stateful models checkpoint sequences: redis://HOST:PORT/DB (default: the "
                               "broker's Redis; on Kafka, none unless given)")
@@ -136,10 +150,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("ferry: --trace-rate must be between 0 and 1")
     if args.trace_exporter == "jsonl" and args.trace_file is None:
         raise SystemExit("ferry: --trace-exporter jsonl needs --trace-file")
-    if args.command == "serve":
-        _run_http(args, build_app(_serve_settings(args)))
-    elif args.command == "gateway":
-        _run_http(args, build_gateway_app(_serve_settings(args)))
+    if args.command in ("serve", "gateway"):
+        limits = _connection_limits(args)
+        build = build_app if args.command == "serve" else build_gateway_app
+        serve(build(_serve_settings(args)), args.host, args.http_port, limits)
     elif args.command == "worker":
         uvloop.run(run_worker(WorkerProcessSettings(
             args.model_repository, args.broker, _worker_settings(args), HeartbeatSettings(args.heartbeat_s),
@@ -179,8 +193,15 @@ def _worker_settings(args: argparse.Namespace) -> WorkerSettings:
     recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries, retry)
     models = tuple(name.strip() for name in args.models.split(",") if name.strip())
     settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
-                              control=_control(args))
+                              control=_control(args), dead_letters=_dead_letters(args))
     return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
+
+
+def _dead_letters(args: argparse.Namespace) -> DeadLetterSettings:
+    try:
+        return DeadLetterSettings(args.dead_letter_max_count, args.dead_letter_max_bytes)
+    except ValueError as exc:
+        raise SystemExit(f"ferry: --dead-letter-max-count / --dead-letter-max-bytes: {exc}") from None
 
 
 def _telemetry(args: argparse.Namespace) -> TelemetrySettings:
@@ -195,13 +216,14 @@ def _control(args: argparse.Namespace) -> ControlSettings:
     return ControlSettings(args.model_control_mode, args.repository_poll_secs, names)
 
 
-def _run_http(args: argparse.Namespace, app: Starlette) -> None:
-    config = uvicorn.Config(
-        app, host=args.host, port=args.http_port, loop="uvloop", http="httptools",
-        lifespan="on", access_log=False, log_level="warning",
-        log_config=None,  # its records reach the root handler configure_logging set: JSON like ours
-    )
-    uvicorn.Server(config).run()
+def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    try:
+        return ConnectionLimits(header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                                max_connections=args.max_connections)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-")
+        raise SystemExit(f"ferry: {flag}: {error['msg']}") from None
 
 
 if __name__ == "__main__":

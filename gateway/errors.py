@@ -7,7 +7,8 @@
  │    └── QueueFull     the model's queue holds max_queue_size requests
      ├── UpstreamTimeout   no reply arrived from the workers in time
      ├── JobNotFound       no async job has this id
-     └── JobConflict       the async job is past the state the request needs
+     ├── JobConflict       the async job is past the state the request needs
+     └── ClientDisconnected  the client hung up before its request body arrived
 
 The classes carry meaning only; ``gateway.status`` maps them to HTTP codes.
 """
@@ -49,3 +50,8 @@ class JobNotFound(GatewayError):
 
 class JobConflict(GatewayError):
     """The job is past the state the request needs (cancelling a finished job)."""
+
+
+class ClientDisconnected(GatewayError):
+    """The client hung up (or was timed out) while its request body was read;
+    no one is left to answer."""

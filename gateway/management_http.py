@@ -21,11 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import InvalidRequest
 from gateway.management import ModelManager
-from gateway.status import status_for
+from gateway.status import ANSWERED, retry_after, status_for
 from gateway.v2_codec import render_error
-from workers.errors import WorkerError
 
 log = structlog.get_logger("ferry.gateway.management")
 
@@ -117,12 +116,12 @@ class ManagementRoutes:
             return _error(f"This API is restricted, expecting header '{self._restriction.header}'", 403)
         try:
             return await handler(request)
-        except (GatewayError, WorkerError) as exc:
-            return _error(str(exc), status_for(exc))
+        except ANSWERED as exc:
+            return _error(str(exc), status_for(exc), retry_after(exc))
         except Exception as exc:
             log.exception("management.unhandled", path=request.url.path)
             return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
 
 
-def _error(message: str, status: int) -> Response:
-    return Response(render_error(message), status_code=status, media_type="application/json")
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(render_error(message), status_code=status, media_type="application/json", headers=headers)

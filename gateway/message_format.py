@@ -34,6 +34,7 @@ from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error,
 from workers.formats import JSON, MSGPACK, EnvelopeFormat, Outgoing, header_trace, reply_headers
 
 KAFKA_KEY = "kafka-key"
+_MAX_DEADLINE_MS = (2**63 - 1) // 1_000_000
 
 
 class V2MessageFormat(EnvelopeFormat):
@@ -62,9 +63,7 @@ class V2MessageFormat(EnvelopeFormat):
             raise EnvelopeError(str(exc)) from None
         deadline_ms = _text(delivery, "deadline-ms")
         if deadline_ms:
-            if not deadline_ms.isdigit():
-                raise EnvelopeError(f"header 'deadline-ms' must be Unix epoch milliseconds, got '{deadline_ms}'")
-            request = replace(request, deadline_ns=int(deadline_ms) * 1_000_000)
+            request = replace(request, deadline_ns=_deadline_ns(deadline_ms))
         return request
 
     def reply(self, delivery: Delivery, request: Request | None, response: Response) -> Outgoing | None:
@@ -100,6 +99,18 @@ def _header_length(delivery: Delivery) -> int | None:
     raw = _text(delivery, "inference-header-content-length")
     if not raw:
         return None
-    if not raw.isdigit():
+    if not _is_number(raw, 18):
         raise EnvelopeError(f"header 'inference-header-content-length' must be an integer, got '{raw}'")
     return int(raw)
+
+
+def _deadline_ns(text: str) -> int:
+    # The envelope carries deadline_ns as an int64, so the deadline must come before 2262.
+    if not _is_number(text, 13) or int(text) > _MAX_DEADLINE_MS:
+        raise EnvelopeError(f"header 'deadline-ms' must be Unix epoch milliseconds, got '{text}'")
+    return int(text) * 1_000_000
+
+
+def _is_number(text: str, max_digits: int) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
+    return text.isascii() and text.isdigit() and len(text) <= max_digits

@@ -11,7 +11,11 @@ the request, then yields every reply up to the final one. On a Redis fleet
 a sequence's steps are published in order through ``SequenceHomes``.
 
 Each request runs inside a span of the ``RequestTracer`` (``gateway.tracing``;
-none by default), whose context the envelope carries to the worker."""
+none by default), whose context the envelope carries to the worker.
+
+A request is held to the envelope's ``Limits`` here, before it is published:
+one the workers could not decode would otherwise be dead-lettered while its
+client waited out the reply timeout."""
 
 from __future__ import annotations
 
@@ -24,11 +28,11 @@ from dataclasses import dataclass, replace
 from structlog.contextvars import bound_contextvars
 
 from broker import channels
-from broker.envelope import Request, Response, encode_request
+from broker.envelope import DEFAULT_LIMITS, Limits, Request, Response, encode_request
 from broker.transport import Transport
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
-from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
+from gateway.errors import InvalidRequest, ModelUnavailable, PayloadTooLarge, UpstreamTimeout
 from broker.replies import ReplyRouter
 from gateway.sequence_homes import SequenceHomes
 from gateway.tracing import UNTRACED, RequestSpan, RequestTracer
@@ -163,7 +167,8 @@ class InferenceService:
         if not self.catalog.is_ready(entry.name, number):
             raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
         self.catalog.entry(model).config.priority_level(_peek_priority(parsed))  # a bad level is refused here
-        return build_request(parsed, entry.name, version, reply_to, request_id or uuid.uuid4().hex,
+        canonical = "" if number is None else str(number)  # '007' names version 7
+        return build_request(parsed, entry.name, canonical, reply_to, request_id or uuid.uuid4().hex,
                              self._wall_ns(), trace or {})
 
     async def publish(self, request: Request, channel: str | None = None) -> None:
@@ -171,11 +176,20 @@ class InferenceService:
         config = self.catalog.entry(request.model).config
         channel = channel or channels.request_channel(request.model, self._settings.channel_prefix,
                                                       config.priority_level(request.priority))
+        payload = _encoded(request)
         if self._limits is None:
-            await self._transport.publish(channel, encode_request(request), key=_key(request))
+            await self._transport.publish(channel, payload, key=_key(request))
             return
         async with self._limits.admission(request.model, config):
-            await self._transport.publish(channel, encode_request(request), key=_key(request))
+            await self._transport.publish(channel, payload, key=_key(request))
+
+
+def _encoded(request: Request, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    payload = encode_request(request)
+    if len(payload) > limits.max_message_bytes:
+        raise PayloadTooLarge(f"request of {len(payload)} bytes as an envelope exceeds the "
+                              f"{limits.max_message_bytes}-byte message limit")
+    return payload
 
 
 def _key(request: Request) -> str | None:
@@ -185,15 +199,18 @@ def _key(request: Request) -> str | None:
 
 
 def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, request_id: str,
-                  now_ns: int, trace: dict[str, str] | None = None) -> Request:
+                  now_ns: int, trace: dict[str, str] | None = None, limits: Limits = DEFAULT_LIMITS) -> Request:
     """The envelope for a parsed V2 request: the parameters Triton gives meaning
     to (``timeout`` in µs, ``priority``, ``sequence_*``) become envelope fields."""
     params = dict(parsed.parameters)
-    timeout_us = _int_param(params, "timeout")
+    timeout_us = _int_param(params, "timeout", limits.max_timeout_us)
     priority = _int_param(params, "priority")
-    sequence_id = params.pop("sequence_id", None)
-    if sequence_id is not None and (isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str))):
-        raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
+    sequence_id = _sequence_id(params.pop("sequence_id", None), limits)
+    _check_length(version, "model version", limits)
+    parameters = {k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))}
+    if len(parameters) > limits.max_params:
+        raise InvalidRequest(f"request field 'parameters' holds {len(parameters)} entries, more than "
+                             f"the {limits.max_params} allowed")
     return Request(
         id=request_id,
         model=model,
@@ -207,7 +224,7 @@ def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, 
         sequence_id=sequence_id,
         sequence_start=_bool_param(params, "sequence_start"),
         sequence_end=_bool_param(params, "sequence_end"),
-        parameters={k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))},
+        parameters=parameters,
         trace=trace or {},
         created_ns=now_ns,
     )
@@ -217,11 +234,26 @@ def _peek_priority(parsed: ParsedInfer) -> int:
     return _int_param(dict(parsed.parameters), "priority")
 
 
-def _int_param(params: dict[str, object], name: str) -> int:
+def _int_param(params: dict[str, object], name: str, maximum: int | None = None) -> int:
     value = params.pop(name, 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidRequest(f"parameter '{name}' must be a non-negative integer")
+    if maximum is not None and value > maximum:
+        raise InvalidRequest(f"parameter '{name}' is {value}, more than the {maximum} allowed")
     return value
+
+
+def _sequence_id(value: object, limits: Limits) -> int | str | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+        raise InvalidRequest("parameter 'sequence_id' must be an integer or a string")
+    if isinstance(value, str):
+        _check_length(value, "parameter 'sequence_id'", limits)
+    return value
+
+
+def _check_length(text: str, what: str, limits: Limits) -> None:
+    if len(text) > limits.max_name_len:
+        raise InvalidRequest(f"{what} is {len(text)} characters long, more than the {limits.max_name_len} allowed")
 
 
 def _bool_param(params: dict[str, object], name: str) -> bool:

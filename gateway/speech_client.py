@@ -31,7 +31,8 @@ import asyncio
 import time
 import uuid
 import wave
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +77,12 @@ class SpeechSession:
         self._last_chunk: int | None = None  # the index of the chunk sent with end=True
         self._sent_at: dict[int, float] = {}
         self._last_id = "0"
-        self._pending: list[Transcript] = []
+        # The reply stream is read once, on from the last entry read: two reads
+        # at a time (send() learning the channel while transcripts() reads)
+        # would both start from the same id and return the same replies.
+        self._reading = asyncio.Lock()
+        self._received: deque[Transcript] = deque()  # read, not yet yielded by transcripts()
+        self._opening: Transcript | None = None  # the first reply: chunk 0's
 
     async def __aenter__(self) -> SpeechSession:
         return self
@@ -124,28 +130,32 @@ class SpeechSession:
         """Every reply, in order, until the one answering the chunk sent with ``end``."""
         answered = -1
         while self._last_chunk is None or answered < self._last_chunk:
-            for transcript in await self._read(timeout_s):
+            await self._read(timeout_s, lambda: bool(self._received))
+            while self._received:
+                transcript = self._received.popleft()
                 answered = max(answered, transcript.chunk)
                 yield transcript
 
     async def _learn_channel(self) -> None:
-        self._pending = await self._read(30.0, count=1)  # kept for transcripts() to yield
-        if self._pending[0].error:
-            raise SpeechError(self._pending[0].error)
+        await self._read(30.0, lambda: self._opening is not None, count=1)
+        if self._opening is not None and self._opening.error:
+            raise SpeechError(self._opening.error)
 
-    async def _read(self, timeout_s: float, count: int = CHUNK_READ) -> list[Transcript]:
-        if self._pending:
-            pending, self._pending = self._pending, []
-            return pending
-        reply = await self._redis.xread({self.reply_channel: self._last_id}, count=count,
-                                         block=max(1, round(timeout_s * 1000)))
-        if not reply:
-            raise SpeechError(f"no reply from model '{self.model}' within {timeout_s:g} s")
-        found = []
-        for message_id, fields in reply[0][1]:
-            self._last_id = message_id.decode()
-            found.append(self._transcript(fields))
-        return found
+    async def _read(self, timeout_s: float, enough: Callable[[], bool], count: int = CHUNK_READ) -> None:
+        """Read more replies into ``_received``, unless ``enough`` holds once it is this call's turn to read."""
+        async with self._reading:
+            if enough():
+                return
+            reply = await self._redis.xread({self.reply_channel: self._last_id}, count=count,
+                                             block=max(1, round(timeout_s * 1000)))
+            if not reply:
+                raise SpeechError(f"no reply from model '{self.model}' within {timeout_s:g} s")
+            for message_id, fields in reply[0][1]:
+                self._last_id = message_id.decode()
+                transcript = self._transcript(fields)
+                if self._opening is None:
+                    self._opening = transcript
+                self._received.append(transcript)
 
     def _transcript(self, fields: dict[bytes, bytes]) -> Transcript:
         chunk = int(fields.get(b"h.request-id", b"-1").decode().rsplit("-", 1)[-1])

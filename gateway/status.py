@@ -1,11 +1,22 @@
-"""The one place where ferry's errors become HTTP status codes."""
+"""The one place where ferry's errors become HTTP status codes.
+
+A broker that cannot be reached is a 503 with ``Retry-After``: the request
+was not taken, and the same request may well succeed in a moment.
+"""
 
 from __future__ import annotations
 
+from broker.errors import TransportClosed, TransportError
 from gateway.errors import (
-    GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable, PayloadTooLarge, UpstreamTimeout,
+    ClientDisconnected, GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable, PayloadTooLarge,
+    QueueFull, UpstreamTimeout,
 )
 from workers.errors import ModelNotFound, WorkerError
+
+BROKER_DOWN = (TransportError, TransportClosed)
+# What a route answers with its status; any other exception is a bug, and a 500.
+ANSWERED: tuple[type[Exception], ...] = (GatewayError, WorkerError, *BROKER_DOWN)
+BROKER_RETRY_AFTER_S = 1
 
 _BY_CODE = {
     "invalid_argument": 400,
@@ -18,7 +29,7 @@ _BY_CODE = {
     "internal": 500,
 }
 
-_BY_CLASS: tuple[tuple[type[Exception], int], ...] = (
+_BY_CLASS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     (PayloadTooLarge, 413),
     (InvalidRequest, 400),
     (ModelUnavailable, 503),
@@ -26,6 +37,8 @@ _BY_CLASS: tuple[tuple[type[Exception], int], ...] = (
     (ModelNotFound, 404),
     (JobNotFound, 404),
     (JobConflict, 409),
+    (ClientDisconnected, 499),  # never sent (no one is listening), but counted in metrics as nginx does
+    (BROKER_DOWN, 503),
 )
 
 
@@ -42,3 +55,12 @@ def status_for(exc: Exception) -> int:
     if isinstance(exc, GatewayError):
         return 400
     return 500
+
+
+def retry_after(exc: Exception) -> dict[str, str]:
+    """The ``Retry-After`` header for an error worth retrying soon; else none."""
+    if isinstance(exc, QueueFull):
+        return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, BROKER_DOWN):
+        return {"Retry-After": str(BROKER_RETRY_AFTER_S)}
+    return {}

@@ -36,6 +36,7 @@ from gateway.generate import parse_generate_request, render_generate_response
 from gateway.service import InferenceService
 from gateway.v2_codec import ParsedInfer, parse_infer_request, render_infer_response
 from gateway.tracing import caller_context
+from gateway.status import ANSWERED, BROKER_DOWN
 from workers.errors import WorkerError
 from workers.worker import FINAL_FLAG as FINAL
 
@@ -142,10 +143,12 @@ class StreamRoutes:
             parsed = self._ws_request(message)
             request_id = parsed.id
             replies = await self._service.stream(name, version, parsed)
-        except (GatewayError, WorkerError) as exc:
+        except ANSWERED as exc:  # this request fails, the socket stays
+            if isinstance(exc, BROKER_DOWN):
+                log.warning("ws.broker_unavailable", error=str(exc))
             await sender.send(render_error(None, str(exc), request_id))
             return
-        except Exception as exc:  # the broker failed: this request fails, the socket stays
+        except Exception as exc:
             log.exception("ws.request_failed", error=str(exc))
             await sender.send(render_error(None, f"internal error: {type(exc).__name__}: {exc}", request_id))
             return

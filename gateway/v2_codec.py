@@ -3,7 +3,9 @@
 A body is a JSON header, optionally followed by raw tensor bytes (the binary
 tensor data extension); the ``Inference-Header-Content-Length`` header says
 where the JSON ends. Parsing turns either form into ``WireTensor`` and raises
-only ``InvalidRequest``, whatever the bytes; rendering turns a ``Response``
+only ``InvalidRequest``, whatever the bytes; it holds a request to the
+envelope's ``Limits`` (tensor counts, dims, name lengths), so what passes
+here a worker can decode. Rendering turns a ``Response``
 back into JSON, binary blobs, or a mix. Pure functions, no I/O.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from broker.envelope import DEFAULT_LIMITS, Response, WireTensor
+from broker.envelope import DEFAULT_LIMITS, Limits, Response, WireTensor
 from gateway.errors import InvalidRequest
 from workers.datatypes import DATATYPES, decode_array, element_count, join_bytes, numpy_dtype, split_bytes
 from workers.errors import TensorError
@@ -63,15 +65,15 @@ class _BinaryInput:
     size: int
 
 
-def parse_infer_request(body: bytes, header_length: int | None) -> ParsedInfer:
+def parse_infer_request(body: bytes, header_length: int | None, limits: Limits = DEFAULT_LIMITS) -> ParsedInfer:
     json_part, blob = _split_body(body, header_length)
     header = _load_header(json_part, framed=header_length is not None)
     parameters = dict(_object(header.get("parameters"), "request field 'parameters'"))
     binary_default = _boolean(parameters.pop(_BINARY_OUTPUT, False), f"parameter '{_BINARY_OUTPUT}'")
     return ParsedInfer(
         id=_request_id(header.get("id", "")),
-        inputs=_inputs(header.get("inputs"), blob),
-        outputs=_requested_outputs(header.get("outputs"), binary_default),
+        inputs=_inputs(header.get("inputs"), blob, limits),
+        outputs=_requested_outputs(header.get("outputs"), binary_default, limits),
         parameters=parameters,
         binary_output_default=binary_default,
     )
@@ -142,11 +144,12 @@ def _request_id(value: Any) -> str:
 
 # -- inputs ------------------------------------------------------------------
 
-def _inputs(raw: Any, blob: memoryview) -> tuple[WireTensor, ...]:
+def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor, ...]:
     if not isinstance(raw, list):
         raise InvalidRequest("request field 'inputs' must be a list of tensors"
                              if raw is not None else "request field 'inputs' is missing")
-    parts = [_input(index, item) for index, item in enumerate(raw)]
+    _check_count(raw, "inputs", limits.max_tensors)
+    parts = [_input(index, item, limits) for index, item in enumerate(raw)]
     _check_unique([part.name for part in parts], "input")
     _check_binary_total([p for p in parts if isinstance(p, _BinaryInput)], len(blob))
     tensors: list[WireTensor] = []
@@ -158,13 +161,13 @@ def _inputs(raw: Any, blob: memoryview) -> tuple[WireTensor, ...]:
     return tuple(tensors)
 
 
-def _input(index: int, item: Any) -> WireTensor | _BinaryInput:
+def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput:
     if not isinstance(item, dict):
         raise InvalidRequest(f"inputs[{index}] must be an object, got {_json_name(item)}")
-    name = _name(item, f"inputs[{index}]")
+    name = _name(item, f"inputs[{index}]", limits)
     where = f"input '{name}'"
     datatype = _datatype(item, where)
-    shape = _shape(item, where)
+    shape = _shape(item, where, limits)
     parameters = _object(item.get("parameters"), f"{where}: field 'parameters'")
     _refuse_shared_memory(parameters, where)
     size = parameters.get("binary_data_size")
@@ -177,10 +180,13 @@ def _input(index: int, item: Any) -> WireTensor | _BinaryInput:
     return WireTensor(name, datatype, shape, _json_bytes(name, datatype, shape, item["data"]))
 
 
-def _name(item: dict[str, Any], where: str) -> str:
+def _name(item: dict[str, Any], where: str, limits: Limits) -> str:
     name = item.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequest(f"{where}: field 'name' must be a non-empty string, got {_json_name(name)}")
+    if len(name) > limits.max_name_len:
+        raise InvalidRequest(f"{where}: field 'name' is {len(name)} characters long, more than "
+                             f"the {limits.max_name_len} allowed")
     return name
 
 
@@ -193,18 +199,20 @@ def _datatype(item: dict[str, Any], where: str) -> str:
     return datatype
 
 
-def _shape(item: dict[str, Any], where: str) -> tuple[int, ...]:
+def _shape(item: dict[str, Any], where: str, limits: Limits) -> tuple[int, ...]:
     shape = item.get("shape")
     if not isinstance(shape, list):
         raise InvalidRequest(f"{where}: field 'shape' must be a list of integers, got {_json_name(shape)}")
-    if len(shape) > DEFAULT_LIMITS.max_dims:
+    if len(shape) > limits.max_dims:
         raise InvalidRequest(f"{where}: shape has {len(shape)} dimensions, more than "
-                             f"the {DEFAULT_LIMITS.max_dims} allowed")
+                             f"the {limits.max_dims} allowed")
     for dim in shape:
         if type(dim) is not int:
             raise InvalidRequest(f"{where}: shape {shape} must hold integers, found {_json_name(dim)}")
         if dim < 0:
             raise InvalidRequest(f"{where}: shape {shape} has a negative dimension")
+        if dim > limits.max_dim_size:
+            raise InvalidRequest(f"{where}: shape {shape} has a dimension above {limits.max_dim_size}")
     return tuple(shape)
 
 
@@ -307,20 +315,21 @@ def _integer_array(where: str, datatype: str, dtype: np.dtype, flat: list[Any]) 
 
 # -- requested outputs -------------------------------------------------------
 
-def _requested_outputs(raw: Any, binary_default: bool) -> tuple[RequestedOutput, ...]:
+def _requested_outputs(raw: Any, binary_default: bool, limits: Limits) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise InvalidRequest(f"request field 'outputs' must be a list, got {_json_name(raw)}")
-    outputs = tuple(_requested_output(index, item, binary_default) for index, item in enumerate(raw))
+    _check_count(raw, "outputs", limits.max_tensors)
+    outputs = tuple(_requested_output(index, item, binary_default, limits) for index, item in enumerate(raw))
     _check_unique([output.name for output in outputs], "output")
     return outputs
 
 
-def _requested_output(index: int, item: Any, binary_default: bool) -> RequestedOutput:
+def _requested_output(index: int, item: Any, binary_default: bool, limits: Limits) -> RequestedOutput:
     if not isinstance(item, dict):
         raise InvalidRequest(f"outputs[{index}] must be an object, got {_json_name(item)}")
-    name = _name(item, f"outputs[{index}]")
+    name = _name(item, f"outputs[{index}]", limits)
     where = f"requested output '{name}'"
     parameters = _object(item.get("parameters"), f"{where}: field 'parameters'")
     _refuse_shared_memory(parameters, where)
@@ -392,6 +401,11 @@ def _boolean(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(f"{where} must be true or false, got {_json_name(value)}")
     return value
+
+
+def _check_count(items: list[Any], field: str, limit: int) -> None:
+    if len(items) > limit:
+        raise InvalidRequest(f"request field '{field}' holds {len(items)} entries, more than the {limit} allowed")
 
 
 def _check_unique(names: list[str], kind: str) -> None:

@@ -49,13 +49,16 @@ def flushdb(url: str) -> None:
 
 
 class RedisServer:
-    def __init__(self, executable: str = "redis-server") -> None:
+    """``extra`` are more ``redis-server`` options (``--appendfsync always``)."""
+
+    def __init__(self, executable: str = "redis-server", extra: tuple[str, ...] = ()) -> None:
         found = shutil.which(executable)
         if found is None:
             raise FileNotFoundError(f"{executable} is not installed")
         self._executable = found
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._extra = extra
         self.port = 0
 
     @property
@@ -86,6 +89,20 @@ class RedisServer:
         self._cleanup_dir()
         raise RuntimeError("redis-server did not answer PING")
 
+    def crash(self) -> None:
+        """SIGKILL the server, keeping its directory (and AOF) for ``restart``."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def restart(self) -> None:
+        """Start again on the same port and directory, as after a crash."""
+        self._process = subprocess.Popen(self._arguments(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not self._wait_ready():
+            self._kill()
+            raise RuntimeError(f"redis-server did not come back on port {self.port}")
+
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             try:
@@ -109,6 +126,7 @@ class RedisServer:
             "--appendonly", "yes",
             "--save", "",
             "--dir", self._dir.name,
+            *self._extra,
         ]  # fmt: skip
 
     def _wait_ready(self) -> bool:

@@ -114,7 +114,8 @@ class ModelSet:
             raise ModelNotFound(f"model '{model}' is not loaded")
         if not version:
             return versions[max(versions)]
-        try:
-            return versions[int(version)]
-        except (ValueError, KeyError):
-            raise ModelNotFound(f"model '{model}' has no version '{version}' loaded") from None
+        # ASCII digits only: int() also reads '１' and '١' as 1.
+        runner = versions.get(int(version)) if version.isascii() and version.isdigit() else None
+        if runner is None:
+            raise ModelNotFound(f"model '{model}' has no version '{version}' loaded")
+        return runner

@@ -56,7 +56,7 @@ from broker.errors import EnvelopeError, TransportClosed, TransportError
 from broker.transport import Delivery, Reclaiming, Transport
 from workers.control import ControlSettings
 from workers.datatypes import encode_array
-from workers.deadletter import DeadLetters
+from workers.deadletter import DeadLetters, DeadLetterSettings
 from workers.ensemble.broker_caller import BrokerStepCaller
 from workers.ensemble.runner import EnsembleRunner
 from workers.errors import ModelNotFound
@@ -89,6 +89,7 @@ class WorkerSettings:
     channel_prefix: str = channels.PREFIX
     recovery: RecoverySettings = RecoverySettings()
     control: ControlSettings = ControlSettings()
+    dead_letters: DeadLetterSettings = DeadLetterSettings()
 
 
 RunnerFactory = Callable[[ModelEntry, int], ModelRunner]
@@ -96,7 +97,8 @@ RunnerFactory = Callable[[ModelEntry, int], ModelRunner]
 
 class JobGate(Protocol):
     async def begin(self, job_id: str) -> bool:
-        """Mark a queued job running; False if it was cancelled or has expired."""
+        """Mark a job running, again on a redelivery; False if it was cancelled,
+        has finished or has expired."""
 
 
 class _Credit:
@@ -131,7 +133,8 @@ class Worker:
         self._sessions = sessions or LocalSessions()
         self._locks = SequenceLocks()
         self._format = message_format
-        self._dead_letters = DeadLetters(transport, settings.channel_prefix, message_format)
+        self._dead_letters = DeadLetters(transport, settings.channel_prefix, message_format, settings.dead_letters,
+                                         observer)
         self._job_gate = job_gate
         self._job_channel = channels.job_reply_channel(settings.channel_prefix)
         self._repository = repository
@@ -368,8 +371,13 @@ class Worker:
         self._handlers.discard(task)
         credit.used -= 1
         credit.freed.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("worker.handler_failed", error=repr(task.exception()))
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, TransportError):
+            # The broker went away mid-delivery; what was not acked is claimed again once idle.
+            log.warning("worker.handler_interrupted", error=str(error),
+                        retry_after_s=self._settings.recovery.idle_s)
+        elif error is not None:
+            log.error("worker.handler_failed", error=repr(error))
 
     async def _handle(self, model: str, delivery: Delivery) -> None:
         received = self._wall_ns()

@@ -24,7 +24,8 @@ Where Kafka differs from Redis Streams, and what this transport does:
 - ``release`` cannot rewind one message of a partition, so it publishes the
   message again (same key and headers, ``ferry-attempts`` one higher) and
   acks the original: any member may retry it, and the count travels with it.
-- ``trim`` drops nothing: the topic's retention policy does.
+- ``trim`` drops nothing: the topic's retention policy does. ``cap`` deletes
+  records (DeleteRecords), each partition keeping its share of the newest.
 - ``fetch_first`` serves the first channel that has something *buffered*;
   records already fetched from a later channel can go out before an earlier
   channel's records that have not yet been fetched.
@@ -125,6 +126,14 @@ class KafkaTransport:
         """Kafka's retention policy drops old records; nothing to do here."""
         self._check_open()
         return 0
+
+    async def cap(self, channel: str, max_count: int) -> int:
+        """Deletes records (DeleteRecords) so that each partition keeps its
+        share of ``max_count``, its newest; with records spread round robin,
+        those are the channel's newest."""
+        self._check_open()
+        with self._edge():
+            return int(await self._blocking(self._cap, self._topic(channel), max(0, max_count)))
 
     async def claim_stale(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
@@ -277,6 +286,22 @@ class KafkaTransport:
             except TopicAlreadyExistsError:
                 pass
 
+    def _cap(self, topic: str, max_count: int) -> int:
+        with self._admin_lock:
+            admin = self._admin_client()
+            (described,) = admin.describe_topics([topic])
+            if described["error_code"] == UnknownTopicOrPartitionError.errno or not described["partitions"]:
+                return 0
+            tps = sorted((TopicPartition(topic, p["partition_index"]) for p in described["partitions"]),
+                         key=lambda tp: tp.partition)
+            starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
+            ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
+            cuts = {tp: ends[tp].offset - quota for tp, quota in zip(tps, shares(max_count, len(tps)))
+                    if ends[tp].offset - starts[tp].offset > quota}
+            if cuts:
+                admin.delete_records(cuts)
+        return sum(cut - starts[tp].offset for tp, cut in cuts.items())
+
     def _group_lag_bases(self, topic: str, group: str) -> dict[int, tuple[int, int]] | None:
         """Per partition: (the group's committed offset or the log start, the log end); None if no topic."""
         with self._admin_lock:
@@ -305,6 +330,11 @@ class KafkaTransport:
         with self._admin_lock:
             if self._admin is not None:
                 self._admin.close()
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """``total`` split over ``parts`` as evenly as whole numbers allow, larger shares first."""
+    return [total // parts + (1 if part < total % parts else 0) for part in range(parts)]
 
 
 def _position(message_id: str) -> tuple[int, int]:

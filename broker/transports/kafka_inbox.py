@@ -188,17 +188,19 @@ class Inbox:
                     return taken
         return []
 
-    def ack(self, channel: str, partition: int, offset: int) -> None:
-        """Mark a handed-out record acked. One not handed out (unknown, dropped
-        on revoke, or fetched again since) is left alone: it will be delivered
-        (again), which at-least-once allows."""
+    def ack(self, channel: str, partition: int, offset: int) -> bool:
+        """Mark a handed-out record acked; True when it was out in single file,
+        so the record held back behind it may go out now. One not handed out
+        (unknown, dropped on revoke, or fetched again since) is left alone: it
+        will be delivered (again), which at-least-once allows."""
         with self._lock:
             ledger = self._ledgers.get((channel, partition))
             if ledger is None or ledger.states.get(offset) is not State.HANDED_OUT:
-                return
+                return False
             ledger.states[offset] = State.ACKED
             del ledger.out[offset]
             ledger.pop_acked()
+            return offset < ledger.single_until
 
     def stale(self, channel: str, min_idle_s: float, max_count: int) -> list[Delivery]:
         """Up to ``max_count`` records of ``channel`` handed out at least
@@ -258,6 +260,11 @@ class Inbox:
                         self._bytes -= len(record.delivery.payload)
                 self._buffers[channel] = kept
             return points
+
+    def unacked(self, partitions: Iterable[Partition]) -> int:
+        """How many records of ``partitions`` are handed out and not acked."""
+        with self._lock:
+            return sum(len(ledger.out) for key in set(partitions) if (ledger := self._ledgers.get(key)) is not None)
 
     def partitions(self) -> list[Partition]:
         with self._lock:

@@ -125,7 +125,11 @@ class GroupMember:
         return taken
 
     def ack(self, channel: str, partition: int, offset: int) -> None:
-        self.inbox.ack(channel, partition, offset)
+        if self.inbox.ack(channel, partition, offset):
+            # In single file the next record waits for this ack, and a fetch
+            # for it is likely waiting already: it must ask for that record's
+            # mark now, not once its timeout is over.
+            self._wake()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -226,7 +230,8 @@ class GroupMember:
         # generation would then hand out nothing.
         for topic in topics:
             consumer.partitions_for_topic(topic)
-        consumer.subscribe(topics, listener=_Rebalance(consumer, self.inbox, self._namespace))
+        listener = _Rebalance(consumer, self.inbox, self._namespace, log.bind(group=self.group, consumer=self.consumer))
+        consumer.subscribe(topics, listener=listener)
 
     def _turn(self, consumer: KafkaConsumer) -> None:
         if self._topics != self._subscribed:
@@ -390,30 +395,50 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-pyth
     must not block: a synchronous commit from here would wait on that very
     thread. The async commit goes out on the coordinator connection ahead of
     our JoinGroup, so the partition's next owner (assigned only after we
-    rejoin) sees it."""
+    rejoin) sees it.
 
-    def __init__(self, consumer: KafkaConsumer, inbox: Inbox, namespace: str) -> None:
+    Each move is logged, with the records handed out here and not acked
+    (``unacked``): their partition's next owner delivers them again.
+    """
+
+    def __init__(self, consumer: KafkaConsumer, inbox: Inbox, namespace: str, logger: Any) -> None:
         self._consumer = consumer
         self._inbox = inbox
         self._namespace = namespace
+        self._log = logger
 
     def on_partitions_revoked(self, revoked: Any) -> None:
-        points = self._inbox.drop(self._partitions(revoked))
+        partitions = self._partitions(revoked)
+        self._log.info("kafka.partitions_revoked", partitions=_names(partitions),
+                       unacked=self._inbox.unacked(partitions))
+        points = self._inbox.drop(partitions)
         if points:
             try:
-                self._consumer.commit_async(_offsets(points, self._namespace))
+                self._consumer.commit_async(_offsets(points, self._namespace), callback=self._left)
             except KafkaError as exc:
-                log.info("kafka.revoke_commit_failed", error=repr(exc))
+                self._log.warning("kafka.revoke_commit_failed", error=repr(exc))
 
     def on_partitions_assigned(self, assigned: Any) -> None:
-        pass
+        self._log.info("kafka.partitions_assigned", partitions=_names(self._partitions(assigned)))
 
     def on_partitions_lost(self, lost: Any) -> None:
         # Evicted: our generation is dead, a commit would be refused.
-        self._inbox.drop(self._partitions(lost))
+        partitions = self._partitions(lost)
+        self._log.warning("kafka.partitions_lost", partitions=_names(partitions),
+                          unacked=self._inbox.unacked(partitions))
+        self._inbox.drop(partitions)
+
+    def _left(self, _committed: object, response: object) -> None:
+        # Acked records past the last commit that went through are delivered again.
+        if isinstance(response, Exception):
+            self._log.warning("kafka.revoke_commit_failed", error=repr(response))
 
     def _partitions(self, tps: Any) -> list[Partition]:
         return [(tp.topic.removeprefix(self._namespace), tp.partition) for tp in tps]
+
+
+def _names(partitions: list[Partition]) -> list[str]:
+    return sorted(f"{topic}-{partition}" for topic, partition in partitions)
 
 
 def _offsets(commits: dict[Partition, Commit], namespace: str) -> dict[TopicPartition, OffsetAndMetadata]:

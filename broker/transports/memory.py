@@ -3,7 +3,9 @@
 It keeps Redis Streams' semantics inside one event loop: each channel is an
 ordered log, each group has a cursor and a pending list, and a message leaves
 the pending list only when acked. ``claim_stale`` hands entries whose consumer
-went quiet to another consumer, as XAUTOCLAIM does.
+went quiet to another consumer, as XAUTOCLAIM does. ``cap`` drops the oldest
+entries whether read or not, as XTRIM MAXLEN does: a channel no group reads
+(the dead letters) is never trimmed, and is bounded that way instead.
 """
 
 from __future__ import annotations
@@ -101,6 +103,23 @@ class MemoryTransport:
         self._check_open()
         state = self._channels.get(channel)
         return 0 if state is None else self._trim(state)
+
+    async def cap(self, channel: str, max_count: int) -> int:
+        """Drop the oldest messages beyond the newest ``max_count``; a group
+        that had not read them skips them, and one holding them has them no more."""
+        self._check_open()
+        state = self._channels.get(channel)
+        if state is None:
+            return 0
+        dropped = max(0, len(state.log) - max(0, max_count))
+        for _ in range(dropped):
+            state.log.popleft()
+        state.first_seq += dropped
+        for members in state.groups.values():
+            members.cursor = max(members.cursor, state.first_seq)
+            for seq in [seq for seq in members.pending if seq < state.first_seq]:
+                del members.pending[seq]
+        return dropped
 
     async def claim_stale(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int

@@ -11,6 +11,7 @@ transport does. ``claim_stale`` is XAUTOCLAIM; a claimed delivery's
 the stream, the oldest entry still pending or not yet delivered, and XTRIMs
 with MINID just below it. An entry some group has yet to read or ack is never
 dropped. (A group created *after* a trim starts from what is left.)
+``cap`` is ``XTRIM MAXLEN``: it drops the oldest entries, read or not.
 ``release`` re-claims a delivery with a large IDLE, so the next
 ``claim_stale`` by any consumer takes it at once.
 """
@@ -127,6 +128,13 @@ class RedisTransport:
         self._check_open()
         with self._edge():
             return int(await self._trim_acked(keys=[channel]))
+
+    async def cap(self, channel: str, max_count: int) -> int:
+        self._check_open()
+        with self._edge():
+            # Exact, not MAXLEN ~: an approximate trim keeps up to a whole radix
+            # node (100 entries) more, and a capped stream is small anyway.
+            return int(await self._redis.xtrim(channel, maxlen=max(0, max_count), approximate=False))
 
     async def release(self, delivery: Delivery) -> None:
         """Make an unacked delivery claimable at once, keeping its delivery count."""

@@ -50,7 +50,7 @@ class MemoryJobStore:
         return entry.job
 
     async def begin(self, job_id: str) -> bool:
-        return self._move(job_id, JobStatus.RUNNING, b"", _QUEUED)
+        return self._move(job_id, JobStatus.RUNNING, b"", _UNFINISHED)
 
     async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
         return self._move(job_id, status, result, _UNFINISHED)
@@ -80,6 +80,11 @@ class MemoryJobStore:
         return entry
 
     def _forget_old(self) -> None:
+        # Every job lives the same TTL on a monotonic clock, so the dict's order (creation) is
+        # expiry order: stop at the first job still remembered, and a create costs O(1) amortised.
         cutoff = self._clock() - self._ttl_s
-        for job_id in [k for k, e in self._entries.items() if e.expires_at <= cutoff]:
+        while self._entries:
+            job_id, entry = next(iter(self._entries.items()))
+            if entry.expires_at > cutoff:
+                return
             del self._entries[job_id]

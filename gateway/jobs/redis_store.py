@@ -5,7 +5,7 @@ Fields: ``status``, ``meta`` (msgpack, see ``gateway.jobs.job``) and
 Redis itself forgets a job when it expires: here an expired job reads as
 unknown. Each transition is one Lua script that checks the current status,
 so a cancel, a worker's ``begin`` and a reply racing from different processes
-cannot both win.
+cannot both win. Redis errors leave as ``broker.errors.TransportError``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from broker import channels
+from broker.errors import translated
 from gateway.jobs.job import Job, JobStatus, decode_meta, encode_meta
 from gateway.jobs.store import DEFAULT_TTL_S
 
@@ -50,20 +52,22 @@ class RedisJobStore:
 
     async def create(self, job: Job) -> None:
         key = channels.job_key(job.id, self._prefix)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"status": job.status.value, "meta": encode_meta(job), "result": job.result})
-            pipe.pexpire(key, self._ttl_ms)
-            await pipe.execute()
+        with translated(RedisError, "redis"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping={"status": job.status.value, "meta": encode_meta(job), "result": job.result})
+                pipe.pexpire(key, self._ttl_ms)
+                await pipe.execute()
 
     async def get(self, job_id: str) -> Job | None:
-        fields: dict[bytes, Any] = await self._redis.hgetall(channels.job_key(job_id, self._prefix))
+        with translated(RedisError, "redis"):
+            fields: dict[bytes, Any] = await self._redis.hgetall(channels.job_key(job_id, self._prefix))
         if not fields or b"meta" not in fields:
             return None
         status = JobStatus(fields.get(b"status", b"queued").decode())
         return decode_meta(fields[b"meta"], status, bytes(fields.get(b"result", b"")))
 
     async def begin(self, job_id: str) -> bool:
-        return await self._move(job_id, JobStatus.RUNNING, b"", _QUEUED)
+        return await self._move(job_id, JobStatus.RUNNING, b"", _UNFINISHED)
 
     async def finish(self, job_id: str, status: JobStatus, result: bytes) -> bool:
         return await self._move(job_id, status, result, _UNFINISHED)
@@ -73,11 +77,13 @@ class RedisJobStore:
         return await self.get(job_id)
 
     async def discard(self, job_id: str) -> None:
-        await self._redis.delete(channels.job_key(job_id, self._prefix))
+        with translated(RedisError, "redis"):
+            await self._redis.delete(channels.job_key(job_id, self._prefix))
 
     async def aclose(self) -> None:
         await self._redis.aclose()
 
     async def _move(self, job_id: str, status: JobStatus, result: bytes, sources: tuple[str, ...]) -> bool:
         key = channels.job_key(job_id, self._prefix)
-        return bool(await self._script(keys=[key], args=[status.value, result, *sources]))
+        with translated(RedisError, "redis"):
+            return bool(await self._script(keys=[key], args=[status.value, result, *sources]))

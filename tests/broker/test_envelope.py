@@ -99,3 +99,19 @@ def test_peek_reply_to_reads_what_it_can_from_a_broken_request():
     body["inputs"] = "garbage"
     assert peek_reply_to(_raw(body)) == ("r1", "ferry.replies.g1")
     assert peek_reply_to(b"\xc1not msgpack") is None
+
+
+def test_peek_reply_to_reads_a_request_over_the_count_limits_so_it_can_be_answered():
+    for field, value in (("parameters", {f"p{i}": i for i in range(65)}), ("outputs", [f"o{i}" for i in range(1025)])):
+        body = _valid_body()
+        body[field] = value
+        with pytest.raises(EnvelopeError):
+            decode_request(_raw(body))
+        assert peek_reply_to(_raw(body)) == ("r1", "ferry.replies.g1")
+
+
+def test_a_timeout_past_the_limit_is_refused():
+    body = _valid_body()
+    body["timeout_us"] = Limits().max_timeout_us + 1
+    with pytest.raises(EnvelopeError, match="timeout_us"):
+        decode_request(_raw(body))

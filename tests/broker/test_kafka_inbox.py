@@ -152,6 +152,15 @@ def test_after_a_death_the_window_goes_out_one_at_a_time_each_after_its_mark():
     assert [d.message_id for d in inbox.take(["c"], 10)] == ["0-12", "0-13"]
 
 
+def test_an_ack_in_single_file_says_the_next_record_may_go_and_one_past_it_does_not():
+    inbox = opened(found=Mark(10, 1), window=1)
+    mark_committed(inbox)
+    inbox.take(["c"], 10)
+    assert inbox.ack("c", 0, 10) is True  # the window is passed
+    assert [d.message_id for d in inbox.take(["c"], 10)] == ["0-11", "0-12", "0-13"]
+    assert inbox.ack("c", 0, 11) is False
+
+
 def test_a_retry_header_counts_when_it_is_higher_than_the_mark():
     inbox = Inbox()
     inbox.open(KEY, 0, Mark(0, 1), window=1)

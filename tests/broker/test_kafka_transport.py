@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import time
 import uuid
 from dataclasses import replace
 
@@ -9,7 +10,7 @@ import pytest
 
 from broker.errors import BrokerError, TransportError
 from broker.transport import Delivery
-from broker.transports.kafka import KafkaTransport
+from broker.transports.kafka import KafkaTransport, shares
 from broker.transports.kafka_settings import KafkaSettings
 from tests.redis_server import free_port
 
@@ -88,6 +89,29 @@ async def test_a_message_taken_and_lost_comes_back_alone_and_counted(kafka_boots
     async with KafkaTransport(config) as last:
         assert [(d.payload, d.attempts) for d in await drain(last, "g", "a")] == [
             (b"m0", 4), (b"m1", 1), (b"m2", 1)]
+
+
+async def test_after_a_death_each_ack_releases_the_next_message_at_once(kafka_bootstrap: str):
+    """Single file after a death (kafka_marks) must not cost a fetch timeout a
+    message: the worker's next fetch is already waiting when it acks, and the
+    ack must release the next message to it, not the end of that wait."""
+    config = settings(kafka_bootstrap, partitions=1)
+    count, fetch_timeout_s = 10, 1.0
+    async with KafkaTransport(config) as first:
+        await publish_all(first, count + 1)
+        await first.fetch("c", "g", "a", 1, 0)  # taken and lost, as by a worker killed holding it
+    async with KafkaTransport(config) as second:
+        (held,) = await second.fetch("c", "g", "a", 10, 0)
+        handled = [held]
+        started = time.monotonic()
+        while len(handled) <= count:
+            waiting = asyncio.create_task(second.fetch("c", "g", "a", 10, fetch_timeout_s))
+            await asyncio.sleep(0.01)  # the fetch is waiting, as a worker's is while it handles one
+            await second.ack(handled[-1])
+            handled += await waiting
+        elapsed = time.monotonic() - started
+    assert payloads(handled) == [f"m{n}".encode() for n in range(count + 1)]
+    assert elapsed < count * 0.3, f"{count} messages one at a time took {elapsed:.1f} s"
 
 
 async def test_a_clean_leave_counts_nothing(kafka_bootstrap: str):
@@ -208,6 +232,19 @@ async def test_an_8_mib_message_round_trips(kafka_bootstrap: str):
         message_id = await transport.publish("c", payload)
         (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
     assert (delivery.message_id, delivery.payload) == (message_id, payload)
+
+
+@pytest.mark.parametrize(("total", "parts", "split"), [(6, 4, [2, 2, 1, 1]), (3, 4, [1, 1, 1, 0]), (8, 1, [8])])
+def test_a_cap_is_shared_out_over_the_partitions(total: int, parts: int, split: list[int]):
+    assert shares(total, parts) == split
+
+
+async def test_cap_keeps_each_partition_its_share_of_the_newest(kafka_bootstrap: str):
+    async with KafkaTransport(settings(kafka_bootstrap, partitions=4)) as transport:
+        await publish_all(transport, 10)  # round robin: m0, m4, m8 on partition 0; m3, m7 on partition 3
+        assert await transport.cap("c", 6) == 4
+        kept = payloads(await drain(transport, "late", "a"))
+    assert sorted(kept) == sorted(f"m{n}".encode() for n in range(4, 10))
 
 
 async def test_broker_failures_surface_as_transport_error():

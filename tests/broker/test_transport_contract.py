@@ -2,7 +2,6 @@
 
 import asyncio
 import os
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,6 +11,7 @@ from broker.transports import open_transport
 from broker.transports.kafka import KafkaTransport
 from broker.transports.memory import MemoryTransport
 from broker.transports.redis import RedisTransport
+from tests.brokers import BROKERS, broker_url
 from tests.redis_server import flushdb, free_port
 
 IDLE_S = 0.2
@@ -29,19 +29,9 @@ PARTITION_OWNERSHIP_ON_KAFKA = (
 )
 
 
-@pytest.fixture(params=["memory", "redis", "kafka"])
+@pytest.fixture(params=BROKERS)
 async def transport(request: pytest.FixtureRequest) -> AsyncIterator[AnyTransport]:
-    if request.param == "memory":
-        url = "memory://"
-    elif request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        flushdb(url)
-    else:
-        # One partition gives a channel the total order the other transports
-        # have; the namespace keeps each test's topics and groups apart on the
-        # session's shared broker.
-        bootstrap = request.getfixturevalue("kafka_bootstrap")
-        url = f"kafka://{bootstrap}?partitions=1&namespace=contract-{uuid.uuid4().hex[:12]}."
+    url = broker_url(request, "contract")
     opened = open_transport(url)
     assert isinstance(opened, MemoryTransport | RedisTransport | KafkaTransport)
     async with opened:
@@ -227,6 +217,27 @@ async def test_trim_drops_entries_every_group_acked(redis_url: str):
         # With nothing pending, the last delivered entry itself is kept.
         assert await transport.trim("c") == 2
         assert await transport.trim("missing") == 0
+
+
+async def test_cap_keeps_only_the_newest_messages(transport: AnyTransport):
+    for n in range(10):
+        await transport.publish("c", f"m{n}".encode())
+    assert await transport.cap("c", 4) == 6
+    assert await transport.cap("c", 4) == 0
+    assert await payloads(transport, "late", "a", 10) == [b"m6", b"m7", b"m8", b"m9"]
+    assert await transport.cap("missing", 4) == 0
+
+
+async def test_cap_drops_what_a_group_has_not_read_or_acked(transport: AnyTransport):
+    not_on_kafka(transport, "a Kafka member may already hold dropped records in its buffer; claims reach only those")
+    await transport.fetch("c", "g", "a", 1, 0)
+    for n in range(6):
+        await transport.publish("c", f"m{n}".encode())
+    await transport.fetch("c", "g", "a", 2, 0)  # m0, m1 pending; m2..m5 unread
+    assert await transport.cap("c", 3) == 3
+    await asyncio.sleep(IDLE_S * 1.5)
+    assert await transport.claim_stale("c", "g", "b", IDLE_S, 10) == []
+    assert await payloads(transport, "g", "a", 10) == [b"m3", b"m4", b"m5"]
 
 
 @pytest.mark.parametrize("size", [0, 1, 1 << 20])

@@ -73,7 +73,12 @@ async def test_the_kafka_key_then_the_body_id_stand_in_for_a_request_id(transpor
     (body(), (("model", b"nope"),), "not_found", "nope"),
     (body(), (("deadline-ms", b"soon"),), "invalid_argument", "deadline-ms"),
     (body(), (("deadline-ms", b"1000"),), "timeout", "timed out"),
-], ids=["not-json", "wrong-datatype", "unknown-model", "bad-deadline", "expired"])
+    (body(), (("deadline-ms", "\u00b2".encode()),), "invalid_argument", "deadline-ms"),
+    (body(), (("deadline-ms", b"9" * 40),), "invalid_argument", "deadline-ms"),
+    (body(), (("model-version", "\uff11".encode()),), "not_found", "version"),
+    (body(parameters={f"p{i}": i for i in range(65)}), (), "invalid_argument", "parameters"),
+], ids=["not-json", "wrong-datatype", "unknown-model", "bad-deadline", "expired", "superscript-deadline",
+        "deadline-past-int64", "fullwidth-version", "65-parameters"])
 async def test_a_bad_json_request_gets_an_error_header_and_a_json_error_body(transport, payload, headers, code, fragment):
     await transport.publish(REQUESTS, payload, headers=(*JSON, ("reply-to", b"my.replies"), ("request-id", b"b"),
                                                         *headers))

@@ -18,7 +18,9 @@ import json
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import msgpack
@@ -161,8 +163,24 @@ class KafkaFleet(ProcessFleet):
         """A channel's topic on the cluster."""
         return self.namespace + channel
 
+    def wait_assigned(self, workers: Sequence[FerryProcess], channel: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until each worker holds partitions of ``channel``: the rebalance its
+        joining started is over. A partition that moves takes what was handed
+        out there and not yet acked to its next owner, which computes it
+        again (at-least-once); a test that counts computations waits here."""
+        for worker in workers:
+            wait_for(partial(holds, worker, channel), timeout_s, f"{worker.name} to hold partitions of {channel}",
+                     worker, interval_s=0.2)
+
     def wait_heartbeat(self, worker_id: str, worker: FerryProcess, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until a heartbeat of ``worker_id`` is on the heartbeat topic (it beats once its models are loaded)."""
         topic = self.topic(channels.heartbeat_channel())
         wait_for(lambda: any(key == worker_id for _, key in self.kcat.read_keys(topic)), timeout_s,
                  f"a heartbeat of {worker_id} on {topic}", worker, interval_s=0.2)
+
+
+def holds(worker: FerryProcess, channel: str) -> bool:
+    """Whether ``worker`` has logged partitions of ``channel`` assigned to it."""
+    return any(event.get("event") == "kafka.partitions_assigned"
+               and any(name.rpartition("-")[0] == channel for name in event.get("partitions", ()))
+               for event in worker.log_events())

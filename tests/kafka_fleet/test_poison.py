@@ -29,9 +29,10 @@ def test_a_request_the_model_fails_on_goes_to_the_dead_letter_topic_after_max_de
     record = tmp_path / "computed.txt"
     with KafkaFleet(kafka_bootstrap, repository(tmp_path, record), tmp_path) as fleet:
         gateway = fleet.gateway()
-        for index in range(workers):
-            fleet.worker(f"w{index}", *RETRYING)
+        started = [fleet.worker(f"w{index}", *RETRYING) for index in range(workers)]
         fleet.wait_model_ready(gateway, MODEL)
+        # Each computation is counted below: none may be sent while partitions still move.
+        fleet.wait_assigned(started, channels.request_channel(MODEL))
 
         error, answers = infer_poison_among_good(gateway)
 

@@ -16,6 +16,7 @@ from broker import channels
 from broker.envelope import Request, WireTensor, decode_request, decode_response, encode_request
 from broker.transports.memory import MemoryTransport
 from gateway.jobs import Job, JobStatus, MemoryJobStore
+from gateway.jobs.replies import JobReplyConsumer
 from tests.models import write_python_model
 from tests.workers.test_worker import next_messages
 from workers.recovery import RecoverySettings
@@ -24,7 +25,7 @@ from workers.worker import Worker, WorkerSettings
 
 REPLIES = "ferry.replies.test"
 
-# Records every value it computes; raises on 13; sleeps per batch when asked.
+# Records every value it computes; raises on 13, and on 99 the first time; sleeps per batch when asked.
 RECORDING_MODEL = '''
 import time
 import numpy as np
@@ -41,6 +42,10 @@ class Model:
         time.sleep(self.sleep_s)
         if 13 in values:
             raise RuntimeError("unlucky 13")
+        if 99 in values:
+            with open(self.log) as log:
+                if log.read().split().count("99") == 1:
+                    raise RuntimeError("99 fails on its first try")
         return {"Y": inputs["X"] * 2}
 '''
 
@@ -194,3 +199,48 @@ async def test_a_cancelled_job_is_never_computed_and_a_started_one_is_running(tm
     await asyncio.sleep(0.1)
     assert computed(log) == [1]
     assert await transport.backlog(channels.request_channel("rec"), channels.worker_group("rec")) == (0, 0)
+
+
+async def final_status(store: MemoryJobStore, job_id: str, timeout_s: float = 5.0) -> JobStatus:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            job = await store.get(job_id)
+            assert job is not None
+            if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+                return job.status
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("value, attempts, status", [(99, 2, JobStatus.SUCCEEDED), (13, 3, JobStatus.FAILED)],
+                         ids=["fails-once", "always-fails"])
+async def test_a_retried_job_reaches_a_final_state(tmp_path, cleanup, value, attempts, status):
+    """The redelivery after a failure meets its job running, and must compute it, not skip it."""
+    log = tmp_path / "log"
+    store = MemoryJobStore()
+    recovery = RecoverySettings(interval_s=0.05, idle_s=30, max_deliveries=3, retry_failures=True)
+    transport, worker = await started(tmp_path, recording_config(log), recovery, job_gate=store)
+    replies = JobReplyConsumer(transport, store, "gw", poll_timeout_s=0.05)
+    await replies.start()
+    cleanup += [transport, worker, replies]  # type: ignore[list-item]
+    job_id = "j" * 32
+    await store.create(Job(job_id, "rec", "", created_ns=0))
+    await transport.publish(channels.request_channel("rec"),
+                            encode_request(request(value, job_id, reply_to=channels.job_reply_channel())))
+    assert await final_status(store, job_id) == status
+    assert computed(log) == [value] * attempts
+
+
+@pytest.mark.parametrize("status", [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED])
+async def test_a_finished_or_cancelled_job_is_not_started_again(status):
+    store = MemoryJobStore()
+    await store.create(Job("k" * 32, "rec", "", created_ns=0))
+    assert await store.begin("k" * 32)
+    assert await store.begin("k" * 32), "a redelivered running job goes on"
+    if status is JobStatus.CANCELLED:
+        store = MemoryJobStore()
+        await store.create(Job("k" * 32, "rec", "", created_ns=0))
+        await store.cancel("k" * 32)
+    else:
+        await store.finish("k" * 32, status, b"")
+    assert not await store.begin("k" * 32)
+    assert (await store.get("k" * 32)).status == status  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
@@ -63,7 +64,12 @@ class DynamicBatcher(Generic[T, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.add(Pending((item, future), rows, key, self._clock(), priority, deadline))
         self._wakeup.set()
-        return await future
+        try:
+            return await future
+        finally:
+            # A failure's traceback holds this frame and the future holds the failure: a cycle
+            # that would keep the request's tensors until a full garbage collection.
+            del item, future
 
     @property
     def waiting(self) -> int:
@@ -78,6 +84,7 @@ class DynamicBatcher(Generic[T, R]):
                 self._slots.release()
                 raise
             task = asyncio.create_task(self._execute(batch))
+            del batch  # else this loop holds the last batch's tensors while it waits for the next
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
@@ -140,5 +147,8 @@ class DynamicBatcher(Generic[T, R]):
 
 
 def _fail(future: asyncio.Future[R], error: BaseException) -> None:
+    # The frames the failure passed through are done; their locals (the batch's items) would
+    # otherwise live as long as the error, which every request of a failed batch shares.
+    traceback.clear_frames(error.__traceback__)
     if not future.done():
         future.set_exception(error)

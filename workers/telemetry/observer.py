@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from workers.telemetry.timeline import BatchRecord, Timeline
+from workers.telemetry.timeline import BatchRecord, DeadLetterRecord, Timeline
 
 
 class Observer(Protocol):
@@ -17,6 +17,9 @@ class Observer(Protocol):
 
     def finished(self, timeline: Timeline) -> None:
         """A request was answered (``timeline.outcome`` says how)."""
+
+    def dead_lettered(self, letter: DeadLetterRecord) -> None:
+        """A message went to the dead-letter channel."""
 
 
 class Observers:
@@ -36,6 +39,10 @@ class Observers:
     def finished(self, timeline: Timeline) -> None:
         for observer in self._observers:
             observer.finished(timeline)
+
+    def dead_lettered(self, letter: DeadLetterRecord) -> None:
+        for observer in self._observers:
+            observer.dead_lettered(letter)
 
 
 NO_OBSERVER = Observers()

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from workers.telemetry.histogram import Histogram
-from workers.telemetry.stats import ModelStats, StatsBook
+from workers.telemetry.stats import DeadLetterStats, ModelStats, StatsBook
 
 VERSIONED = ["model", "version"]
 
@@ -56,6 +56,7 @@ class StatsCollector(Collector):
         info = GaugeMetricFamily("ferry_worker_info", "This worker (always 1).", labels=["worker"])
         info.add_metric([self._worker_id], 1)
         yield info
+        yield from _dead_letters(self._stats.dead_letters)
 
 
 def _counters(items: list[tuple[list[str], ModelStats]]) -> Iterator[Metric]:
@@ -72,3 +73,17 @@ def _counters(items: list[tuple[list[str], ModelStats]]) -> Iterator[Metric]:
         rows.add_metric(labels, stats.inferences)
         batches.add_metric(labels, stats.executions)
     yield from (success, failure, rows, batches)
+
+
+def _dead_letters(counts: DeadLetterStats) -> Iterator[Metric]:
+    yield CounterMetricFamily("ferry_deadletter_written", "Letters this worker wrote to the dead-letter channel.",
+                              value=counts.written)
+    dropped = CounterMetricFamily(
+        "ferry_deadletter_dropped",
+        "Dead letters dropped whole (evicted: the oldest, past the count bound) or in part "
+        "(truncated: payload cut to the letter's share of the byte bound).", labels=["reason"])
+    dropped.add_metric(["evicted"], counts.evicted)
+    dropped.add_metric(["truncated"], counts.truncated)
+    yield dropped
+    yield CounterMetricFamily("ferry_deadletter_dropped_bytes", "Payload bytes cut from truncated dead letters.",
+                              value=counts.truncated_bytes)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.telemetry.histogram import BATCH_BOUNDS, DURATION_BOUNDS, Histogram
-from workers.telemetry.timeline import RELEASED, BatchRecord, Timeline
+from workers.telemetry.timeline import RELEASED, BatchRecord, DeadLetterRecord, Timeline
 
 
 def _durations() -> Histogram:
@@ -41,10 +41,19 @@ class ModelStats:
         }
 
 
+@dataclass(slots=True)
+class DeadLetterStats:
+    written: int = 0
+    truncated: int = 0  # letters whose payload was cut to their share of the byte bound
+    truncated_bytes: int = 0  # payload bytes cut from them
+    evicted: int = 0  # letters dropped, oldest first, by the count bound
+
+
 class StatsBook:
     def __init__(self) -> None:
         self._models: dict[tuple[str, str], ModelStats] = {}
         self.pending: Counter[str] = Counter()  # per model: received, not yet answered (its version may be unknown)
+        self.dead_letters = DeadLetterStats()
 
     def model(self, model: str, version: str) -> ModelStats:
         key = (model, version)
@@ -81,6 +90,14 @@ class StatsBook:
             stats.queue.observe(max(0, timeline.compute_start_ns - start) / 1e9)
         if timeline.compute_end_ns:
             stats.compute.observe(max(0, timeline.compute_end_ns - timeline.compute_start_ns) / 1e9)
+
+    def dead_lettered(self, letter: DeadLetterRecord) -> None:
+        counts = self.dead_letters
+        counts.written += 1
+        counts.evicted += letter.evicted
+        if letter.truncated:
+            counts.truncated += 1
+            counts.truncated_bytes += letter.payload_bytes - letter.kept_bytes
 
     def to_wire(self) -> dict[str, Any]:
         """Plain values (msgpack or JSON): {"models": {"model/version": stats}, "pending": {model: n}}."""

@@ -68,3 +68,16 @@ class BatchRecord:
     requests: int
     start_ns: int
     end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRecord:
+    """One letter written to the dead-letter channel."""
+
+    payload_bytes: int  # the original message's size
+    kept_bytes: int  # how much of it the letter holds (less when cut to its share of the bound)
+    evicted: int  # older letters the count bound dropped after it was written
+
+    @property
+    def truncated(self) -> bool:
+        return self.kept_bytes < self.payload_bytes

@@ -1,4 +1,6 @@
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -87,3 +89,31 @@ async def test_a_result_count_mismatch_fails_the_whole_batch_clearly():
     results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
     await batcher.aclose()
     assert all(isinstance(r, ExecutionError) and "returned 1 results" in str(r) for r in results)
+
+
+class Tensor:
+    """An item a weak reference can follow."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+async def test_a_failed_request_is_freed_without_waiting_for_the_garbage_collector():
+    async def fail(items):
+        raise ValueError("the model raised")
+
+    batcher = DynamicBatcher(fail, BatchPolicy(4, max_queue_delay_s=0.001))
+    await batcher.start()
+    item = Tensor(1)
+    freed = weakref.ref(item)
+    gc.disable()
+    try:
+        try:
+            await batcher.submit(item)
+        except ValueError as exc:
+            assert "the model raised" in str(exc)  # and then it is dropped, as the worker drops it
+        del item
+        assert freed() is None, "the request outlived its failure"
+    finally:
+        gc.enable()
+        await batcher.aclose()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.telemetry.timeline import RELEASED, SUCCESS, BatchRecord, Timeline
+from workers.telemetry.timeline import RELEASED, SUCCESS, BatchRecord, DeadLetterRecord, Timeline
 from workers.telemetry.tracing import names
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ class TracingObserver:
         return None
 
     def batch_ran(self, batch: BatchRecord) -> None:
+        return None
+
+    def dead_lettered(self, letter: DeadLetterRecord) -> None:
         return None
 
     def finished(self, timeline: Timeline) -> None:
