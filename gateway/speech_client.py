@@ -7,7 +7,7 @@
         async for transcript in session.transcripts():
             ...
 
-The wire protocol (the README's "Streaming speech over Redis" section):
+The wire protocol (docs/speech.md, "Streaming speech over Redis"):
 
 1. Every chunk is one entry ``XADD``-ed with the fields ``d`` (a KServe V2
    JSON header followed by the chunk's PCM16 bytes) and ``h.content-type:

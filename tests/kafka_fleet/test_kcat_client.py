@@ -1,6 +1,6 @@
 """An outside client with no ferry code: kcat puts V2 JSON requests (or
 envelopes) with headers on a model's request topic, and reads the replies
-from the topic it named in ``reply-to``, keyed and headed as the README says."""
+from the topic it named in ``reply-to``, keyed and headed as docs/producers.md says."""
 
 from __future__ import annotations
 
