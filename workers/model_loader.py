@@ -19,12 +19,12 @@ from workers.fingerprint import fingerprint
 from workers.model_set import Served
 from workers.overrides import LoadOverrides, Materialized, materialize
 from workers.repository import ModelEntry, ModelRepository
-from workers.runner import ModelRunner
+from workers.runner import Runner
 from workers.warmup import warm_up
 
 log = structlog.get_logger("ferry.loader")
 
-RunnerFactory = Callable[[ModelEntry, int], ModelRunner]
+RunnerFactory = Callable[[ModelEntry, int], Runner]
 
 
 class ModelLoader:
@@ -45,7 +45,7 @@ class ModelLoader:
                     current: Served | None = None) -> Served:
         entry, owned = self.resolve(name, overrides)
         served = Served(entry, {}, {}, owned)
-        started: list[ModelRunner] = []
+        started: list[Runner] = []
         try:
             for version in entry.versions:
                 await self._version(served, version, current, started)
@@ -57,7 +57,7 @@ class ModelLoader:
         return served
 
     async def _version(self, served: Served, version: int, current: Served | None,
-                       started: list[ModelRunner]) -> None:
+                       started: list[Runner]) -> None:
         entry = served.entry
         served.prints[version] = fingerprint(entry.path / str(version))
         if current is not None and _unchanged(current, entry, version, served.prints[version]):

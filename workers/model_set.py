@@ -21,7 +21,7 @@ from workers.errors import ModelNotFound
 from workers.fingerprint import Fingerprint
 from workers.overrides import Materialized
 from workers.repository import ModelEntry
-from workers.runner import ModelRunner
+from workers.runner import Runner
 
 log = structlog.get_logger("ferry.models")
 
@@ -32,22 +32,22 @@ class Served:
     and the override directory it is served from (removed once retired)."""
 
     entry: ModelEntry
-    runners: dict[int, ModelRunner]
+    runners: dict[int, Runner]
     prints: dict[int, Fingerprint] = field(default_factory=dict)
     owned: Materialized = Materialized(None, None)
 
 
 @dataclass(slots=True)
 class Retired:
-    runners: list[ModelRunner]
+    runners: list[Runner]
     owned: Materialized | None = None
 
 
 class ModelSet:
     def __init__(self) -> None:
         self._served: dict[str, Served] = {}
-        self._in_flight: dict[ModelRunner, int] = {}
-        self._idle: dict[ModelRunner, asyncio.Event] = {}
+        self._in_flight: dict[Runner, int] = {}
+        self._idle: dict[Runner, asyncio.Event] = {}
 
     def names(self) -> list[str]:
         return list(self._served)
@@ -55,15 +55,27 @@ class ModelSet:
     def get(self, model: str) -> Served | None:
         return self._served.get(model)
 
-    def runners(self, model: str) -> Mapping[int, ModelRunner]:
+    def runners(self, model: str) -> Mapping[int, Runner]:
         served = self._served.get(model)
         return served.runners if served is not None else {}
+
+    def stateful(self, model: str) -> bool:
+        return any(r.config.sequence_batching is not None for r in self.runners(model).values())
+
+    def decoupled(self, model: str) -> bool:
+        return any(r.config.decoupled for r in self.runners(model).values())
+
+    def retries_failures(self, model: str) -> bool:
+        return all(r.retries_failures for r in self.runners(model).values())
+
+    def priority_levels(self, model: str) -> int:
+        return max(runner.priority_levels for runner in self.runners(model).values())
 
     def ready(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(sorted(served.runners)) for name, served in self._served.items()}
 
     @contextmanager
-    def use(self, model: str, version: str) -> Iterator[ModelRunner]:
+    def use(self, model: str, version: str) -> Iterator[Runner]:
         """The runner for ``version`` ('' = the newest), counted in flight meanwhile."""
         runner = self._select(model, version)
         self._in_flight[runner] = self._in_flight.get(runner, 0) + 1
@@ -108,7 +120,7 @@ class ModelSet:
         for model in list(self._served):
             await self.retire(self.remove(model))
 
-    def _select(self, model: str, version: str) -> ModelRunner:
+    def _select(self, model: str, version: str) -> Runner:
         versions = self.runners(model)
         if not versions:
             raise ModelNotFound(f"model '{model}' is not loaded")

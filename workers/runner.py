@@ -1,4 +1,10 @@
-"""One loaded model version: its backend instances and its dynamic batcher."""
+"""One loaded model version: its backend instances and its dynamic batcher.
+
+``Runner`` is what a worker serves a model version with: a ``ModelRunner``
+here, or an ``EnsembleRunner`` (``workers.ensemble.runner``). The worker asks
+it for a response, or a decoupled model's responses as a stream, and never
+which kind it is.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,18 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import structlog
 
-from broker.envelope import Request
+from broker.envelope import ParamValue, Request, Response, WireTensor
 from workers.backends import Backend, ModelContext, create_backend
 from workers.batching.driver import DynamicBatcher
 from workers.batching.forming import BatchPolicy
 from workers.batching.tensors import batch_key, merge, rows_of, split
 from workers.config import ModelConfig
+from workers.datatypes import encode_array
 from workers.errors import ExecutionError, ModelLoadError, RequestTimeout, WorkerError
 from workers.repository import ModelEntry
 from workers.sequences.batcher import SequenceBatcher, SequenceSpec
@@ -33,6 +41,46 @@ log = structlog.get_logger("ferry.runner")
 BackendFactory = Callable[[ModelContext], Backend]
 StateStoreFactory = Callable[[ModelConfig], StateStore]  # where a model's sequences keep state
 Tensors = dict[str, np.ndarray]
+
+FINAL_FLAG = "triton_final_response"  # Triton's name for the flag on a decoupled model's responses
+
+
+class Responder(Protocol):
+    """What answers a request: ``respond`` raises a WorkerError on failure."""
+
+    @property
+    def entry(self) -> ModelEntry: ...
+
+    @property
+    def version(self) -> int: ...
+
+    async def respond(self, request: Request, timeline: Timeline | None = None) -> Response: ...
+
+    def respond_stream(self, request: Request) -> AsyncIterator[Response]:
+        """A decoupled model's responses, each tagged ``FINAL_FLAG`` False."""
+        ...
+
+
+class Runner(Responder, Protocol):
+    """A model version as a worker serves it: sized, started and closed."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def priority_levels(self) -> int: ...
+
+    @property
+    def retries_failures(self) -> bool:
+        """Whether a failed request may be released for another try."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +190,23 @@ class ModelRunner:
         """Requests one full round of this model's instances takes at once."""
         rows = max(1, self.config.max_batch_size)
         return rows * sum(group.count for group in self.config.instance_groups)
+
+    @property
+    def retries_failures(self) -> bool:
+        return True
+
+    async def respond(self, request: Request, timeline: Timeline | None = None) -> Response:
+        return self._response(request, await self.infer(request, timeline))
+
+    async def respond_stream(self, request: Request) -> AsyncIterator[Response]:
+        async for outputs in self.infer_stream(request):
+            yield self._response(request, outputs, {FINAL_FLAG: False}, final=False)
+
+    def _response(self, request: Request, outputs: Tensors, parameters: dict[str, ParamValue] | None = None,
+                  final: bool = True) -> Response:
+        return Response(id=request.id, model=self.entry.name, model_version=str(self.version),
+                        outputs=tuple(_wire(name, array) for name, array in outputs.items()),
+                        parameters=parameters or {}, final=final)
 
     async def infer(self, request: Request, timeline: Timeline | None = None) -> Tensors:
         """The request's outputs; ``timeline``, when given, gets its batch's id, size and times."""
@@ -254,6 +319,11 @@ class ModelRunner:
 
 def _select(outputs: Tensors, wanted: Sequence[str]) -> Tensors:
     return {name: outputs[name] for name in wanted} if wanted else outputs
+
+
+def _wire(name: str, array: np.ndarray) -> WireTensor:
+    datatype, data = encode_array(array)
+    return WireTensor(name=name, datatype=datatype, shape=tuple(array.shape), data=data)
 
 
 def error_of(exc: BaseException) -> WorkerError:

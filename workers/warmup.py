@@ -16,14 +16,14 @@ from broker.envelope import Request, WireTensor
 from workers.config import ModelConfig
 from workers.datatypes import decode_array, element_count, join_bytes, numpy_dtype
 from workers.errors import ModelLoadError
-from workers.runner import ModelRunner
+from workers.runner import Runner
 from workers.safe_paths import inside
 from workers.warmup_config import WARMUP_DIR, WarmupInput, WarmupSample
 
 log = structlog.get_logger("ferry.warmup")
 
 
-async def warm_up(runner: ModelRunner) -> None:
+async def warm_up(runner: Runner) -> None:
     """Run every warmup sample; ``ModelLoadError`` names the first that fails."""
     config = runner.config
     for sample in config.model_warmup:
@@ -41,12 +41,12 @@ async def warm_up(runner: ModelRunner) -> None:
                  runs=sample.runs)
 
 
-async def _run(runner: ModelRunner, request: Request) -> None:
+async def _run(runner: Runner, request: Request) -> None:
     if runner.config.decoupled:
-        async for _ in runner.infer_stream(request):
+        async for _ in runner.respond_stream(request):
             pass
         return
-    await runner.infer(request)
+    await runner.respond(request)
 
 
 def sample_tensors(config: ModelConfig, sample: WarmupSample, model_dir: Path) -> tuple[WireTensor, ...]:

@@ -15,7 +15,7 @@ whole ensemble's as ``ensemble_ms``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
 import structlog
@@ -25,9 +25,10 @@ from broker.envelope import ParamValue, Request, Response, WireTensor
 from workers.config import ModelConfig
 from workers.ensemble.caller import StepCaller
 from workers.ensemble.plan import TOTAL_LATENCY, Plan, PlannedStep, StepFailure, run_plan
-from workers.errors import ModelLoadError, StepError, WorkerError
+from workers.errors import ExecutionError, ModelLoadError, StepError, WorkerError
 from workers.repository import ModelEntry
 from workers.runner import Clocks, error_of
+from workers.telemetry import Timeline
 from workers.validation import check_outputs, prepare_inputs
 
 log = structlog.get_logger("ferry.ensemble")
@@ -66,8 +67,9 @@ class EnsembleRunner:
         return 0
 
     @property
-    def sequence_batches(self) -> int:
-        return 0
+    def retries_failures(self) -> bool:
+        """False: its steps were retried where they ran; retrying it would repeat them all."""
+        return False
 
     async def start(self) -> None:
         """Find each step's request channel; fails if a step's model is unknown here."""
@@ -84,8 +86,20 @@ class EnsembleRunner:
     async def aclose(self) -> None:
         self._channels.clear()
 
-    async def respond(self, request: Request) -> Response:
+    async def respond(self, request: Request, timeline: Timeline | None = None) -> Response:
         """The ensemble's response to ``request``; raises a WorkerError on failure."""
+        if timeline is None:
+            return await self._respond(request)
+        timeline.compute_start_ns = self._clocks.wall_ns()
+        response = await self._respond(request)
+        timeline.compute_end_ns = self._clocks.wall_ns()
+        return response
+
+    def respond_stream(self, request: Request) -> AsyncIterator[Response]:
+        # The config check refuses a decoupled ensemble, so no worker streams one.
+        raise ExecutionError(f"ensemble '{self.entry.name}' is not decoupled")
+
+    async def _respond(self, request: Request) -> Response:
         prepare_inputs(self.config, request.inputs)
         check_outputs(self.config, request.outputs)
         inputs = {tensor.name: tensor for tensor in request.inputs}

@@ -1,0 +1,25 @@
+"""What one worker is told at start: its id, its models, and its limits."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from broker import channels
+from workers.control import ControlSettings
+from workers.deadletter import DeadLetterSettings
+from workers.recovery import RecoverySettings
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    models: tuple[str, ...] = ()  # empty: every model in the repository
+    fetch_count: int = 64
+    max_in_flight: int = 512
+    prefetch: int = 2  # rounds of a model's instance capacity held in flight
+    poll_timeout_s: float = 1.0
+    channel_prefix: str = channels.PREFIX
+    recovery: RecoverySettings = RecoverySettings()
+    control: ControlSettings = ControlSettings()
+    dead_letters: DeadLetterSettings = DeadLetterSettings()
