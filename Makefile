@@ -2,15 +2,19 @@
 PYTHON ?= python3
 PORT ?= 8000
 
-.PHONY: serve test install install-test models system-packages deploy-validators
+.PHONY: serve test typecheck install install-test models system-packages deploy-validators
 
 # Install ferry and serve model_repo/ with the embedded broker.
 serve: install models
 	ferry serve --model-repository model_repo --http-port $(PORT)
 
-# Install everything (system packages, ferry, test tools) and run the whole suite.
-test: system-packages install-test models deploy-validators
+# Install everything (system packages, ferry, test tools), check the types and run the whole suite.
+test: system-packages install-test models deploy-validators typecheck
 	$(PYTHON) -m pytest
+
+# mypy as configured in pyproject.toml: strict on broker/ and workers/batching/.
+typecheck: install-test
+	$(PYTHON) -m mypy
 
 # The embedding extra brings what the text-embedding demo needs to convert
 # all-MiniLM-L6-v2 to ONNX at set-up.

@@ -9,7 +9,7 @@ message costs the caller one exception and nothing more.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -37,6 +37,8 @@ DEFAULT_LIMITS = Limits()
 
 ParamValue = str | int | float | bool
 SequenceId = int | str
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +250,7 @@ class _Fields:
         self._body = body
         self._limits = limits
 
-    def _get(self, key: str, types: type | tuple[type, ...], default: Any) -> Any:
+    def _get(self, key: str, types: type[_T] | tuple[type[_T], ...], default: _T) -> _T:
         value = self._body.get(key, default)
         if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
             raise EnvelopeError(f"field '{key}' must not be a boolean")

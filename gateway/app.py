@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.websockets import WebSocket
 from starlette.responses import Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
@@ -61,7 +61,7 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
                                   settings.restriction)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/v2/health/live", api.live, methods=["GET"]),
         Route("/v2/health/ready", api.ready, methods=["GET"]),
         Route("/v2", api.server, methods=["GET"]),

@@ -28,6 +28,7 @@ import orjson
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from broker.envelope import Response as Reply
@@ -135,7 +136,7 @@ class StreamRoutes:
         entry, _ = self._service.catalog.version(name, version)
         return name, version, parse_generate_request(await self._read_body(request), entry.config)
 
-    async def _one(self, socket: WebSocket, sender: _Sender, message: dict[str, Any]) -> None:
+    async def _one(self, socket: WebSocket, sender: _Sender, message: Message) -> None:
         request_id = ""
         try:
             name, version = self._target(socket)
@@ -154,7 +155,7 @@ class StreamRoutes:
             return
         sender.pump(rendered(replies, render_v2, skip_empty_final=False, request_id=request_id))
 
-    def _ws_request(self, message: dict[str, Any]) -> ParsedInfer:
+    def _ws_request(self, message: Message) -> ParsedInfer:
         text, data = message.get("text"), message.get("bytes")
         size = len(text.encode()) if text is not None else len(data or b"")
         if size > self._max_message_bytes:

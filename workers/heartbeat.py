@@ -160,7 +160,7 @@ class RedisHeartbeats:
             keys = [key async for key in self._redis.scan_iter(
                 match=channels.heartbeat_pattern(self._prefix), count=SCAN_BATCH)]
             values = await self._redis.mget(keys) if keys else []
-        found = (decode_beat(raw) for raw in values if raw is not None)
+        found = (decode_beat(raw) for raw in values if isinstance(raw, bytes))
         return {beat.worker: beat for beat in found if beat is not None}
 
     async def aclose(self) -> None:

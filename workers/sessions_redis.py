@@ -74,7 +74,7 @@ class RedisSessions:
             home = await self._redis.get(channels.session_key(model, sequence_id, self._prefix))
         if home is None:
             return Route(home=own) if request.sequence_start else HERE
-        home_channel = home.decode()
+        home_channel = _text(home)
         if home_channel in self.channels(model):
             return Route(home=own if request.sequence_start else home_channel)
         # A live sequence's id started again goes to its home too, which restarts it there.
@@ -112,7 +112,7 @@ class RedisSessions:
             for channel in list(self._adopted.get(model, ())):
                 key = channels.adopter_key(channel)
                 holder = await self._redis.get(key)
-                if holder is not None and holder.decode() != self._worker_id:
+                if holder is not None and _text(holder) != self._worker_id:
                     self._adopted[model].discard(channel)  # our lease lapsed and another took it
                     continue
                 await self._redis.set(key, self._worker_id, px=self._lease_ms)
@@ -136,7 +136,7 @@ class RedisSessions:
             if await self._redis.set(key, self._worker_id, px=self._lease_ms, nx=True):
                 return True
             holder = await self._redis.get(key)
-        return holder is not None and holder.decode() == self._worker_id
+        return holder is not None and _text(holder) == self._worker_id
 
 
 def checkpointing(config: ModelConfig) -> bool:
@@ -172,7 +172,7 @@ class RedisStates:
     async def load(self, sequence_id: SequenceId) -> Checkpoint | Lost | None:
         with translated(RedisError, "redis"):
             raw, home = await self._redis.mget([self._state_key(sequence_id), self._session_key(sequence_id)])
-        if raw is not None:
+        if isinstance(raw, bytes):
             return _decode_checkpoint(raw)
         return LOST if home is not None else None
 
@@ -208,6 +208,11 @@ def _encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     outputs = None if checkpoint.last_outputs is None else pack_tensors(checkpoint.last_outputs)
     return msgpack.packb({"v": 1, "state": pack_tensors(checkpoint.state),
                           "last_request": checkpoint.last_request, "last_outputs": outputs})
+
+
+def _text(value: bytes | str) -> str:
+    # redis-py types a reply as bytes or str; this client does not decode, so it is bytes.
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _decode_checkpoint(raw: bytes) -> Checkpoint:

@@ -60,7 +60,7 @@ class RedisJobStore:
 
     async def get(self, job_id: str) -> Job | None:
         with translated(RedisError, "redis"):
-            fields: dict[bytes, Any] = await self._redis.hgetall(channels.job_key(job_id, self._prefix))
+            fields: dict[bytes | str, Any] = await self._redis.hgetall(channels.job_key(job_id, self._prefix))
         if not fields or b"meta" not in fields:
             return None
         status = JobStatus(fields.get(b"status", b"queued").decode())

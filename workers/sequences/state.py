@@ -126,6 +126,7 @@ def pack_tensors(tensors: Tensors) -> list[list[object]]:
 def unpack_tensors(packed: list[list[object]]) -> Tensors:
     tensors: Tensors = {}
     for name, datatype, shape, data in packed:
-        assert isinstance(name, str) and isinstance(datatype, str) and isinstance(data, bytes)
-        tensors[name] = decode_array(name, datatype, tuple(int(d) for d in shape), data)  # type: ignore[union-attr]
+        assert isinstance(name, str) and isinstance(datatype, str) and isinstance(shape, list)
+        assert isinstance(data, bytes)
+        tensors[name] = decode_array(name, datatype, tuple(int(d) for d in shape), data)
     return tensors

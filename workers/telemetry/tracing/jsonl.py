@@ -49,6 +49,7 @@ class JsonlSpanExporter(SpanExporter):
 
 def span_record(span: ReadableSpan) -> dict[str, Any]:
     context, parent = span.get_span_context(), span.parent
+    assert context is not None, "a span the SDK ended always carries its context"
     return {
         "name": span.name,
         "trace_id": f"{context.trace_id:032x}",

@@ -66,7 +66,7 @@ def stages(timeline: Timeline) -> list[tuple[str, int, int, Attributes]]:
     if compute_start >= received:
         found.append((names.BATCH_FORMATION, received, compute_start, {}))
         if timeline.compute_end_ns >= compute_start:
-            batch = {names.BATCH_ID: timeline.batch_id, names.BATCH_SIZE: timeline.batch_size}
+            batch: Attributes = {names.BATCH_ID: timeline.batch_id, names.BATCH_SIZE: timeline.batch_size}
             found.append((names.COMPUTE, compute_start, timeline.compute_end_ns,
                           batch if timeline.batch_id else {}))
     return found
