@@ -1,11 +1,15 @@
-"""Each broker kind, for tests parametrised over memory, Redis and Kafka."""
+"""Each broker kind, for tests parametrised over memory, Redis and Kafka, and
+fleets of real processes over Redis or Kafka."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
+from tests.fleet.processes import Fleet, ProcessFleet
+from tests.kafka_fleet.processes import KafkaFleet
 from tests.redis_server import flushdb
 
 BROKERS = ["memory", "redis", "kafka"]
@@ -23,3 +27,17 @@ def broker_url(request: pytest.FixtureRequest, namespace: str) -> str:
         return url
     bootstrap = request.getfixturevalue("kafka_bootstrap")
     return f"kafka://{bootstrap}?partitions=1&namespace={namespace}-{uuid.uuid4().hex[:12]}."
+
+
+FLEET_BROKERS = ["redis", "kafka"]
+
+
+def open_fleet(request: pytest.FixtureRequest, broker: str, repository: Path, log_dir: Path,
+               kafka_query: str = "") -> ProcessFleet:
+    """Real processes over ``broker``: the session's Redis emptied, or a namespace of
+    the session's Kafka (``kafka_query`` adds to its URL, e.g. consumer timeouts)."""
+    if broker == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        flushdb(url)
+        return Fleet(url, repository, log_dir)
+    return KafkaFleet(request.getfixturevalue("kafka_bootstrap"), repository, log_dir, kafka_query)

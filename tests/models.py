@@ -3,8 +3,11 @@
     write_identity_model(repo, name, datatypes, max_batch_size=8)
     write_python_model(repo, name, source, config_text)
     write_add_sub(repo, name="add_sub", max_batch_size=8, delay_us=100, instances=1)
+    write_countdown_model(repo)
     write_recording_model(repo, name, record, poison=None, on_poison="raise", delay_s=0.0)
     recorded_values(record)
+    write_slow_model(repo, name, sleep_s, computes="double", dims=(4,), max_batch_size=0, delay_us=None)
+    write_slow_add_sub(repo, sleep_s, name="add_sub")
 
 The ONNX builders come from ``model_repo/generate.py`` (loaded by path, as
 ``model_repo/`` is a folder of models, not a package), so the models tests
@@ -91,6 +94,79 @@ def write_add_sub(repo: Path, name: str = "add_sub", max_batch_size: int = 8,
     """The committed ``add_sub`` (FP32 [16] in, sum and difference out), renamed
     and re-batched as a test needs."""
     generator().write_add_sub(repo, name, max_batch_size, delay_us, instances)
+
+
+# A decoupled python model: for N it answers N times, N down to 1, each
+# response a moment after the last; a negative N fails the request.
+COUNTDOWN = """
+import time
+
+import numpy as np
+
+
+class Model:
+    def infer(self, inputs):
+        n = int(inputs["N"].reshape(-1)[0])
+        if n < 0:
+            raise ValueError("N must not be negative")
+        for i in range(n, 0, -1):
+            time.sleep(0.01)
+            yield {"OUT": np.array([i], dtype=np.int32), "WORD": np.array([f"t-{i}".encode()], dtype=object)}
+"""
+COUNTDOWN_CONFIG = """
+name: "countdown"
+backend: "python"
+max_batch_size: 0
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "WORD" data_type: TYPE_STRING dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+
+def write_countdown_model(repo: Path) -> None:
+    write_python_model(repo, "countdown", COUNTDOWN, COUNTDOWN_CONFIG)
+
+
+# A python model that sleeps ``sleep_s`` in each batch, so that work is still
+# in flight when a test acts (a kill, a SIGTERM, a claim, a lag reading).
+SLOW_MODEL = """
+import time
+
+
+class Model:
+    def infer(self, inputs):
+        time.sleep({sleep_s!r})
+        return {outputs}
+"""
+# What a slow model computes -> (its inputs, its outputs, the expression of its outputs).
+SLOW_COMPUTES = {
+    "double": (("X",), ("Y",), '{"Y": inputs["X"] * 2}'),
+    # A small answer to a large request.
+    "head": (("X",), ("Y",), '{"Y": inputs["X"][:1]}'),
+    # add_sub's names and answers (INPUT0 + INPUT1, INPUT0 - INPUT1).
+    "add_sub": (("INPUT0", "INPUT1"), ("OUTPUT0", "OUTPUT1"),
+                '{"OUTPUT0": inputs["INPUT0"] + inputs["INPUT1"], "OUTPUT1": inputs["INPUT0"] - inputs["INPUT1"]}'),
+}
+
+
+def write_slow_model(repo: Path, name: str, sleep_s: float, computes: str = "double", dims: tuple[int, ...] = (4,),
+                     max_batch_size: int = 0, delay_us: int | None = None) -> None:
+    """FP32 tensors of ``dims``; a dynamic batcher waiting ``delay_us`` when given."""
+    inputs, outputs, expression = SLOW_COMPUTES[computes]
+    gen = generator()
+    batching = f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n" if delay_us is not None else ""
+    config = gen.model_config(
+        name, 'backend: "python"', max_batch_size,
+        [gen.tensor_config(tensor, "TYPE_FP32", dims) for tensor in inputs],
+        [gen.tensor_config(tensor, "TYPE_FP32", dims) for tensor in outputs],
+        batching + gen.cpu_instances(1),
+    )
+    write_python_model(repo, name, SLOW_MODEL.format(sleep_s=sleep_s, outputs=expression), config)
+
+
+def write_slow_add_sub(repo: Path, sleep_s: float, name: str = "add_sub") -> None:
+    """``add_sub`` (FP32 [16] in, sum and difference out, batches of up to 8) sleeping ``sleep_s`` a batch."""
+    write_slow_model(repo, name, sleep_s, computes="add_sub", dims=(16,), max_batch_size=8, delay_us=2000)
 
 
 

@@ -23,7 +23,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.models import write_python_model
+from tests.models import write_slow_model
 from tests.servers import ferry_serve
 
 MIB = 1 << 20
@@ -36,22 +36,6 @@ CLAIM_IDLE_S = 0.2
 MAX_GROWTH = MEASURED * REQUEST_BYTES // 2
 MAX_COUNT, MAX_BYTES = 4, MIB
 
-SLOW = """
-import time
-
-
-class Model:
-    def infer(self, inputs):
-        time.sleep({compute_s})
-        return {{"Y": inputs["X"][:1]}}
-"""
-SLOW_CONFIG = """
-name: "slow"
-backend: "python"
-max_batch_size: 0
-input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]
-output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]
-"""
 GIVING_UP = ("--claim-idle-s", str(CLAIM_IDLE_S), "--claim-interval-s", "0.05", "--max-deliveries", "1")
 BOUNDED = ("--dead-letter-max-count", str(MAX_COUNT), "--dead-letter-max-bytes", str(MAX_BYTES))
 
@@ -59,7 +43,7 @@ BOUNDED = ("--dead-letter-max-count", str(MAX_COUNT), "--dead-letter-max-bytes",
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("repo")
-    write_python_model(repo, "slow", SLOW.format(compute_s=COMPUTE_S), SLOW_CONFIG)
+    write_slow_model(repo, "slow", COMPUTE_S, computes="head", dims=(-1,))
     return repo
 
 

@@ -21,19 +21,36 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+import msgpack
 import redis
 
 from broker import channels
+from broker.transports.redis import PAYLOAD_FIELD
 from tests.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # Model load on a busy 2-core machine can take several seconds.
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Record:
+    """A message as a raw consumer sees it: a Kafka record, or a Redis stream entry."""
+
+    partition: int
+    offset: int
+    key: str | None
+    headers: dict[str, str]
+    payload: str
+
+    def json(self) -> object:
+        return json.loads(self.payload)
 
 
 class FerryProcess:
@@ -133,7 +150,8 @@ class Gateway(FerryProcess):
 
 class ProcessFleet:
     """Starts gateways and workers on ``repository`` over ``broker_url``; stops them all on exit.
-    Subclasses say how to see a worker's heartbeat on their broker."""
+    Subclasses say how to see a worker's heartbeat on their broker, and how an
+    outside producer and consumer and the dead letters look there."""
 
     def __init__(self, broker_url: str, repository: Path, log_dir: Path) -> None:
         self.broker_url = broker_url
@@ -184,6 +202,17 @@ class ProcessFleet:
         return worker
 
     def wait_heartbeat(self, worker_id: str, worker: FerryProcess) -> None:
+        raise NotImplementedError
+
+    def read_dead_letters(self) -> list[Any]:
+        raise NotImplementedError
+
+    def produce_json(self, channel: str, body: bytes, request_id: str, reply_to: str, **headers: str) -> None:
+        """Put a JSON request on ``channel`` as a producer outside ferry would."""
+        raise NotImplementedError
+
+    def read_replies(self, channel: str, count: int, timeout_s: float = 30.0) -> list[Record]:
+        """The replies on ``channel``, once there are at least ``count``."""
         raise NotImplementedError
 
     def wait_model_ready(self, gateway: Gateway, model: str, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -245,6 +274,22 @@ class Fleet(ProcessFleet):
     def reply_streams(self) -> list[str]:
         return sorted(_text(key) for key in self.redis.scan_iter(match=channels.reply_channel("*")))
 
+    def read_dead_letters(self) -> list[Any]:
+        return [msgpack.unpackb(fields[PAYLOAD_FIELD], raw=False)
+                for _, fields in self.redis.xrange(channels.dead_letter_channel())]
+
+    # --- a raw producer and consumer ------------------------------------
+
+    def produce_json(self, channel: str, body: bytes, request_id: str, reply_to: str, **headers: str) -> None:
+        """An entry XADDed by hand: a JSON body, and each header an ``h.`` field."""
+        named = {"content-type": "application/json", "reply-to": reply_to, "request-id": request_id, **headers}
+        self.redis.xadd(channel, {PAYLOAD_FIELD: body, **{f"h.{name}": value for name, value in named.items()}})
+
+    def read_replies(self, stream: str, count: int, timeout_s: float = 30.0) -> list[Record]:
+        """Poll until ``stream`` holds at least ``count`` entries; the key is the request id."""
+        wait_for(lambda: self.redis.xlen(stream) >= count, timeout_s, f"{count} replies on {stream}")
+        return [_record(offset, fields) for offset, (_, fields) in enumerate(self.redis.xrange(stream))]
+
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str,
              process: FerryProcess | None = None, interval_s: float = 0.05) -> float:
@@ -263,3 +308,8 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str,
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _record(offset: int, fields: dict[bytes, bytes]) -> Record:
+    headers = {_text(name)[2:]: _text(value) for name, value in fields.items() if _text(name).startswith("h.")}
+    return Record(0, offset, headers.get("request-id"), headers, _text(fields[PAYLOAD_FIELD]))

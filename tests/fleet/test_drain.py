@@ -12,26 +12,10 @@ import tritonclient.http as httpclient
 
 from broker import channels
 from tests.fleet.processes import Fleet, wait_for
-from tests.models import write_python_model
+from tests.models import write_slow_model
 from tests.redis_server import flushdb
 
-SLOW = """
-import time
-
-class Model:
-    def infer(self, inputs):
-        time.sleep(0.5)
-        return {"Y": inputs["X"] * 2}
-"""
-SLOW_CONFIG = """
-name: "slow"
-backend: "python"
-max_batch_size: 4
-input [{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }]
-output [{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }]
-dynamic_batching { max_queue_delay_microseconds: 100000 }
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
+SLOW_S = 0.5
 # Two batches of four, about a second of work; all of it is taken at once, as
 # a worker holds up to prefetch (2) rounds of its capacity (4 rows x 1 instance).
 REQUESTS = 8
@@ -53,7 +37,7 @@ def infer(url: str, index: int) -> tuple[int, np.ndarray]:
 def test_sigterm_answers_and_acks_every_request_in_flight_then_exits_0(redis_url: str, tmp_path: Path):
     flushdb(redis_url)
     repo = tmp_path / "repo"
-    write_python_model(repo, "slow", SLOW, SLOW_CONFIG)
+    write_slow_model(repo, "slow", SLOW_S, max_batch_size=4, delay_us=100_000)
     # The fleet stops first on the way out, so clients left waiting fail fast.
     with ThreadPoolExecutor(REQUESTS) as clients, Fleet(redis_url, repo, tmp_path) as fleet:
         gateway = fleet.gateway()

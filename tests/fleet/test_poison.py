@@ -1,12 +1,20 @@
-"""Poison over real processes: a request that fails or kills every worker it
-reaches is tried ``--max-deliveries`` times, then dead-lettered and answered
-with an error; bytes that are not a request are answered or dead-lettered;
-and the fleet keeps serving everything else throughout."""
+"""Poison over real processes on Redis and Kafka: a request that fails or
+kills every worker it reaches is tried ``--max-deliveries`` times, then
+dead-lettered and answered with an error; bytes that are not a request are
+answered or dead-lettered; and the fleet keeps serving everything else
+throughout.
+
+Over Kafka a request the model fails on is re-published with
+``ferry-attempts`` one higher, so any worker of the group may retry it; one
+that kills its worker is counted through the marks committed with the
+offsets (``broker/transports/kafka_marks``)."""
 
 from __future__ import annotations
 
+import json
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +27,9 @@ from tritonclient.utils import InferenceServerException
 from broker import channels
 from broker.envelope import Request, Response, WireTensor, decode_request, decode_response, encode_request
 from broker.transports.redis import PAYLOAD_FIELD
+from tests.brokers import FLEET_BROKERS, open_fleet
 from tests.fleet.processes import Fleet, FerryProcess, Gateway, ProcessFleet, wait_for
+from tests.kafka_fleet.processes import KafkaFleet
 from tests.models import poison_error, recorded_values, write_recording_model
 from tests.redis_server import flushdb
 
@@ -28,7 +38,6 @@ POISON = 13
 GOOD_VALUES = tuple(range(100, 108))
 MAX_DELIVERIES = 3
 REQUEST_STREAM = channels.request_channel(MODEL)
-DEAD_LETTERS = channels.dead_letter_channel()
 RETRYING = ("--max-deliveries", str(MAX_DELIVERIES), "--claim-interval-s", "0.2")
 CLIENT_TIMEOUT_S = 30.0
 SETTLE_S = 10.0
@@ -60,11 +69,6 @@ def infer_error(gateway: Gateway, value: int) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as raised:
         infer(gateway, value)
     return raised.value
-
-
-def dead_letters(fleet: Fleet) -> list[dict[str, Any]]:
-    return [msgpack.unpackb(fields[PAYLOAD_FIELD], raw=False)
-            for _, fields in fleet.redis.xrange(DEAD_LETTERS)]
 
 
 def assert_all_acked(fleet: Fleet) -> None:
@@ -107,25 +111,34 @@ def assert_poison_letter(letter: object) -> Request:
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+@pytest.mark.parametrize("broker", FLEET_BROKERS)
 def test_a_request_the_model_fails_on_is_dead_lettered_after_max_deliveries(
-    redis_url: str, tmp_path: Path, record: Path, workers: int,
+    request: pytest.FixtureRequest, broker: str, tmp_path: Path, record: Path, workers: int,
 ):
-    flushdb(redis_url)
-    with Fleet(redis_url, repository(tmp_path, record), tmp_path) as fleet:
+    with open_fleet(request, broker, repository(tmp_path, record), tmp_path) as fleet:
         gateway = fleet.gateway()
-        for index in range(workers):
-            fleet.worker(f"w{index}", *RETRYING)
+        started = [fleet.worker(f"w{index}", *RETRYING) for index in range(workers)]
         fleet.wait_model_ready(gateway, MODEL)
+        if isinstance(fleet, KafkaFleet):
+            # Each computation is counted below: none may be sent while partitions still move.
+            fleet.wait_assigned(started, REQUEST_STREAM)
 
         error, answers = infer_poison_among_good(gateway)
 
         assert_poison_failed_max_deliveries_times(error, answers, record, fleet)
-        [letter] = dead_letters(fleet)
-        request = assert_poison_letter(letter)
-        assert request.model == MODEL and request.id
-        [tensor] = request.inputs
+        [letter] = fleet.read_dead_letters()
+        poisoned = assert_poison_letter(letter)
+        assert poisoned.model == MODEL and poisoned.id
+        [tensor] = poisoned.inputs
         assert (tensor.name, tensor.datatype, tensor.shape) == ("INPUT0", "INT32", (1,))
-        assert_all_acked(fleet)
+        if isinstance(fleet, Fleet):
+            assert_all_acked(fleet)
+        else:
+            assert isinstance(fleet, KafkaFleet)
+            # The first delivery and each re-publication are on the request topic: MAX_DELIVERIES copies in all.
+            on_topic = fleet.kcat.read_msgpack(fleet.topic(REQUEST_STREAM))
+            ids = [envelope["id"] for envelope in on_topic if isinstance(envelope, dict)]
+            assert ids.count(poisoned.id) == MAX_DELIVERIES and len(ids) == MAX_DELIVERIES + len(GOOD_VALUES), ids
 
 
 def test_without_retries_a_failing_request_is_answered_after_one_computation(
@@ -153,48 +166,111 @@ def test_without_retries_a_failing_request_is_answered_after_one_computation(
 CRASH_DELIVERIES = 2
 CRASH_OPTIONS = ("--max-deliveries", str(CRASH_DELIVERIES), "--claim-idle-s", "0.5",
                  "--claim-interval-s", "0.2", "--heartbeat-s", "0.5")
-CRASH_BUDGET_S = 30.0
+# Kafka's floor (group.min.session.timeout.ms): a dead worker's partitions move after this.
+CRASH_SESSION = "session_timeout_ms=6000&heartbeat_interval_ms=500"
+CRASH_BUDGET_S = {"redis": 30.0, "kafka": 90.0}
+CRASH_REPLIES = "poison.replies"
 
 
+class GatewayCaller:
+    """Over Redis the poison comes through a gateway, whose client is answered 503."""
+
+    def __init__(self, fleet: ProcessFleet, pool: ThreadPoolExecutor) -> None:
+        self.fleet, self.pool = fleet, pool
+        self.gateway = fleet.gateway()
+
+    def send_poison(self) -> None:
+        self.poisoned = self.pool.submit(infer_error, self.gateway, POISON)
+
+    def answered(self) -> bool:
+        return self.poisoned.done()
+
+    def assert_dead_lettered_without_completing(self) -> None:
+        error = self.poisoned.result(timeout=0)
+        assert error.status() == "503", f"{error}\n{self.fleet.describe()}"
+        assert "dead-letter" in error.message() and "without completing" in error.message(), error.message()
+
+    def assert_serves(self) -> None:
+        assert infer(self.gateway, GOOD_VALUES[0]).tolist() == [2 * GOOD_VALUES[0]]
+
+
+class KcatCaller:
+    """Over Kafka the poison is a message kcat produces; its reply carries the error."""
+
+    def __init__(self, fleet: ProcessFleet, pool: ThreadPoolExecutor) -> None:
+        self.fleet = fleet
+
+    def send_poison(self) -> None:
+        produce(self.fleet, POISON, "poison-1")
+
+    def answered(self) -> bool:
+        assert isinstance(self.fleet, KafkaFleet)
+        return bool(self.fleet.kcat.read_keys(self.fleet.topic(CRASH_REPLIES)))
+
+    def assert_dead_lettered_without_completing(self) -> None:
+        assert isinstance(self.fleet, KafkaFleet)
+        [reply] = self.fleet.kcat.read(self.fleet.topic(CRASH_REPLIES))
+        assert reply.key == "poison-1" and reply.headers.get("error") == "unavailable", reply
+        message = str(reply.json()["error"])  # type: ignore[index]
+        assert "dead-letter" in message and "without completing" in message, message
+
+    def assert_serves(self) -> None:
+        produce(self.fleet, GOOD_VALUES[0], "good-1")
+        [_, good] = self.fleet.read_replies(CRASH_REPLIES, 2)
+        assert good.key == "good-1" and "error" not in good.headers, good
+
+
+def produce(fleet: ProcessFleet, value: int, request_id: str) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [value]}]})
+    fleet.produce_json(REQUEST_STREAM, body.encode(), request_id, CRASH_REPLIES)
+
+
+CALLERS: dict[str, type[GatewayCaller] | type[KcatCaller]] = {"redis": GatewayCaller, "kafka": KcatCaller}
+
+
+@pytest.mark.parametrize("broker", FLEET_BROKERS)
 def test_a_request_that_kills_every_worker_is_dead_lettered_and_answered(
-    redis_url: str, tmp_path: Path, record: Path,
+    request: pytest.FixtureRequest, broker: str, tmp_path: Path, record: Path,
 ):
     """Each worker that takes the poison dies (exit code 1); the test starts a
     fresh one each time, as a supervisor would. Deliveries 1..N kill a worker
     each; delivery N+1 is past the limit and is dead-lettered unseen by the
-    model, and the waiting client gets an error instead of hanging."""
-    flushdb(redis_url)
-    with Fleet(redis_url, repository(tmp_path, record, on_poison="exit"), tmp_path) as fleet:
-        gateway = fleet.gateway()
+    model, and the waiting client gets an error instead of hanging. Kafka
+    counts no deliveries; the marks ferry commits with its offsets do."""
+    repo = repository(tmp_path, record, on_poison="exit")
+    with ThreadPoolExecutor(1) as pool, open_fleet(request, broker, repo, tmp_path, CRASH_SESSION) as fleet:
+        caller = CALLERS[broker](fleet, pool)
         workers = [fleet.worker("w0", *CRASH_OPTIONS)]
-        fleet.wait_model_ready(gateway, MODEL)
+        if isinstance(caller, GatewayCaller):
+            fleet.wait_model_ready(caller.gateway, MODEL)
 
         started = time.monotonic()
-        with ThreadPoolExecutor(1) as pool:
-            poisoned = pool.submit(infer_error, gateway, POISON)
-            restart_until_done(fleet, workers, poisoned, started)
-            error = poisoned.result(timeout=0)
+        caller.send_poison()
+        restart_until_done(fleet, workers, caller.answered, started, CRASH_BUDGET_S[broker])
         elapsed = time.monotonic() - started
 
         dead = workers[:-1]
         assert [worker.process.returncode for worker in dead] == [1] * CRASH_DELIVERIES, fleet.describe()
         assert workers[-1].running(), workers[-1].describe()
         assert recorded_values(record) == [POISON] * CRASH_DELIVERIES, fleet.describe()
-        assert error.status() == "503", f"{error}\n{fleet.describe()}"
-        assert "dead-letter" in error.message() and "without completing" in error.message(), error.message()
-        [letter] = dead_letters(fleet)
-        assert letter["attempts"] == CRASH_DELIVERIES + 1, letter
-        assert np.frombuffer(decode_request(letter["payload"]).inputs[0].data, "<i4").tolist() == [POISON]
-        assert_all_acked(fleet)
-        # The survivor still serves.
-        assert infer(gateway, GOOD_VALUES[0]).tolist() == [2 * GOOD_VALUES[0]]
-        assert elapsed < CRASH_BUDGET_S, f"took {elapsed:.1f} s"
+        caller.assert_dead_lettered_without_completing()
+        [letter] = fleet.read_dead_letters()
+        assert isinstance(letter, dict) and letter["attempts"] == CRASH_DELIVERIES + 1, letter
+        if isinstance(fleet, Fleet):
+            assert np.frombuffer(decode_request(letter["payload"]).inputs[0].data, "<i4").tolist() == [POISON]
+            assert_all_acked(fleet)
+        # The survivor still serves, and counts the next request once.
+        caller.assert_serves()
+        assert workers[-1].running(), workers[-1].describe()
+        assert recorded_values(record) == [POISON] * CRASH_DELIVERIES + [GOOD_VALUES[0]]
+        assert elapsed < CRASH_BUDGET_S[broker], f"took {elapsed:.1f} s"
 
 
-def restart_until_done(fleet: Fleet, workers: list[FerryProcess], answer: Future[Any], started: float) -> None:
+def restart_until_done(fleet: ProcessFleet, workers: list[FerryProcess], answered: Callable[[], bool],
+                       started: float, budget_s: float) -> None:
     """Whenever the newest worker has died, start another; at most N + 1 in all."""
-    while not answer.done():
-        assert time.monotonic() - started < CRASH_BUDGET_S, f"no answer yet\n{fleet.describe()}"
+    while not answered():
+        assert time.monotonic() - started < budget_s, f"no answer yet\n{fleet.describe()}"
         if not workers[-1].running():
             assert len(workers) <= CRASH_DELIVERIES, f"{len(workers)} workers died\n{fleet.describe()}"
             # Not waiting for its heartbeat: it may take the poison and die first.
@@ -254,7 +330,7 @@ def test_bad_messages_are_answered_or_dead_lettered_and_the_worker_serves_on(
             assert reply.id == msgpack.unpackb(payload, raw=False)["id"], (name, reply)
             assert reply.outputs == (), (name, reply)
         wait_for(lambda: fleet.dead_letters() >= 2, SETTLE_S, "two dead letters", worker)
-        letters = {letter["message_id"]: letter for letter in dead_letters(fleet)}
+        letters = {letter["message_id"]: letter for letter in fleet.read_dead_letters()}
         unanswerable = {ids[name]: payload for name, (payload, code) in BAD_MESSAGES.items() if code is None}
         assert set(letters) == set(unanswerable), letters
         for message_id, letter in letters.items():
@@ -294,6 +370,6 @@ def test_a_well_formed_request_with_no_reply_channel_is_dead_lettered_not_answer
 
         assert not fleet.redis.exists(""), (
             f"a reply was published to the stream named '': {fleet.redis.xrange('')}\n{worker.describe()}")
-        letters = {letter["message_id"]: letter for letter in dead_letters(fleet)}
+        letters = {letter["message_id"]: letter for letter in fleet.read_dead_letters()}
         assert message_id in letters and letters[message_id]["payload"] == payload, letters
         assert worker.running(), worker.describe()

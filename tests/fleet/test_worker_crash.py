@@ -1,5 +1,7 @@
-"""A worker SIGKILLed mid-run loses nothing: its pending requests are claimed
-by the others, and every request is answered exactly once, correctly."""
+"""A worker SIGKILLed mid-run loses nothing, and every request is answered
+exactly once, correctly. Over Redis its pending requests are claimed by the
+others; over Kafka, when its group session times out, its partitions go to
+the other worker, which reads on from the committed offsets."""
 
 from __future__ import annotations
 
@@ -12,46 +14,25 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 
 from broker import channels
-from tests.fleet.processes import Fleet, Gateway, ProcessFleet, wait_for
-from tests.models import write_python_model
-from tests.redis_server import flushdb
+from tests.brokers import FLEET_BROKERS, open_fleet
+from tests.fleet.processes import Fleet, FerryProcess, Gateway, ProcessFleet, wait_for
+from tests.kafka_fleet.processes import KafkaFleet
+from tests.kafka_server import create_topic
+from tests.models import write_slow_add_sub
 
 # add_sub as a python model that sleeps per batch, so a kill lands while
 # batches are being computed rather than between them.
-SLOW_ADD_SUB = """
-import time
-
-class Model:
-    def infer(self, inputs):
-        time.sleep(0.02)
-        a, b = inputs["INPUT0"], inputs["INPUT1"]
-        return {"OUTPUT0": a + b, "OUTPUT1": a - b}
-"""
-SLOW_ADD_SUB_CONFIG = """
-name: "add_sub"
-backend: "python"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-dynamic_batching { max_queue_delay_microseconds: 2000 }
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
+SLOW_S = 0.02
 MODEL = "add_sub"
 REQUESTS = 2_000
 CLIENTS = 16
 KILL_AFTER = REQUESTS // 3
 RESTART_AFTER_S = 0.5
 ACK_GRACE_S = 5.0
-WORKER_OPTIONS = ("--claim-idle-s", "1.0", "--claim-interval-s", "0.25", "--heartbeat-s", "0.5")
 T = TypeVar("T")
 
 
@@ -147,35 +128,92 @@ def assert_each_answered_once_and_right(clients: Clients, answered_at_kill: int,
     )
 
 
-def test_a_worker_killed_mid_run_loses_and_repeats_no_answer(redis_url: str, tmp_path: Path):
-    flushdb(redis_url)
-    repo = tmp_path / "repo"
-    write_python_model(repo, MODEL, SLOW_ADD_SUB, SLOW_ADD_SUB_CONFIG)
-    with Fleet(redis_url, repo, tmp_path) as fleet:
-        gateway = fleet.gateway()
-        workers = {worker_id: fleet.worker(worker_id, *WORKER_OPTIONS) for worker_id in ("w1", "w2")}
-        fleet.wait_model_ready(gateway, MODEL)
+class RedisCrash:
+    """Kills whichever worker holds more work, so the kill surely strands some,
+    and sees the others claim it."""
 
-        def kill() -> tuple[str, list[str]]:
-            # Kill whichever worker holds more work, so the kill surely strands some.
-            victim = max(workers, key=lambda worker_id: fleet.pending(MODEL, worker_id))
-            workers[victim].kill()
-            return victim, fleet.pending_ids(MODEL, victim)
+    options = ("--claim-idle-s", "1.0", "--claim-interval-s", "0.25", "--heartbeat-s", "0.5")
+    kafka_query = ""
+    budget_s = 60.0
 
-        clients = Clients(gateway.url)
-        answered_at_kill, (victim, stranded), elapsed = run_with_a_kill(
-            clients, gateway, kill, lambda: fleet.worker("w3", *WORKER_OPTIONS))
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.workers: dict[str, FerryProcess] = {}
 
+    def kill(self) -> tuple[str, list[str]]:
+        victim = max(self.workers, key=lambda worker_id: self.fleet.pending(MODEL, worker_id))
+        self.workers[victim].kill()
+        return victim, self.fleet.pending_ids(MODEL, victim)
+
+    def restart(self) -> None:
+        self.fleet.worker("w3", *self.options)
+
+    def assert_nothing_lost(self, killed: tuple[str, list[str]], answered_at_kill: int, elapsed: float) -> None:
+        victim, stranded = killed
+        fleet = self.fleet
         assert stranded, f"{victim} held no pending work when it was killed"
-        assert_each_answered_once_and_right(clients, answered_at_kill, fleet)
         assert_each_request_published_once_and_acked(fleet, stranded)
         survivors = [p for p in fleet.processes if p.name.startswith("worker-") and p.running()]
         claimed = [e for p in survivors for e in p.log_events() if e.get("event") == "worker.claimed"]
         assert sum(event["count"] for event in claimed) >= len(stranded), fleet.describe()
-        assert gateway.errors() == [], gateway.describe()
         for process in survivors:
             assert process.errors() == [], process.describe()
-        assert elapsed < 60.0, f"{REQUESTS} requests took {elapsed:.1f} s"
+
+
+class KafkaCrash:
+    """Kills w1 and starts it again; its partitions move when its session times out."""
+
+    options = ("--models", MODEL, "--heartbeat-s", "0.5")
+    # The broker's floor (group.min.session.timeout.ms): a dead member's partitions move after this.
+    kafka_query = "session_timeout_ms=6000"
+    budget_s = 90.0
+    partitions = 4
+
+    def __init__(self, fleet: KafkaFleet) -> None:
+        self.fleet = fleet
+        self.workers: dict[str, FerryProcess] = {}
+        self.request_topic = fleet.topic(channels.request_channel(MODEL))
+        create_topic(fleet.bootstrap, self.request_topic, self.partitions)
+
+    def kill(self) -> None:
+        self.workers["w1"].kill()
+
+    def restart(self) -> None:
+        self.fleet.worker("w1", *self.options, wait=False)
+
+    def assert_nothing_lost(self, killed: None, answered_at_kill: int, elapsed: float) -> None:
+        fleet = self.fleet
+        assert fleet.kcat.partitions(self.request_topic) == self.partitions
+        assert len(fleet.kcat.read_keys(self.request_topic)) == REQUESTS  # nothing released or re-published
+        assert fleet.kcat.read_keys(fleet.topic(channels.dead_letter_channel())) == []
+        replies = reply_count(fleet)
+        print(f"\n{REQUESTS} requests in {elapsed:.1f} s; killed after {answered_at_kill}; "
+              f"{replies} replies on the reply topic ({replies - REQUESTS} computed twice)")
+        assert replies >= REQUESTS
+
+
+CRASHES: dict[str, type[RedisCrash] | type[KafkaCrash]] = {"redis": RedisCrash, "kafka": KafkaCrash}
+
+
+@pytest.mark.parametrize("broker", FLEET_BROKERS)
+def test_a_worker_killed_mid_run_loses_and_repeats_no_answer(request: pytest.FixtureRequest, broker: str,
+                                                              tmp_path: Path):
+    repo = tmp_path / "repo"
+    write_slow_add_sub(repo, SLOW_S)
+    kind = CRASHES[broker]
+    with open_fleet(request, broker, repo, tmp_path, kind.kafka_query) as fleet:
+        crash = kind(fleet)  # type: ignore[arg-type]
+        gateway = fleet.gateway()
+        crash.workers = {worker_id: fleet.worker(worker_id, *crash.options) for worker_id in ("w1", "w2")}
+        fleet.wait_model_ready(gateway, MODEL)
+
+        clients = Clients(gateway.url)
+        answered_at_kill, killed, elapsed = run_with_a_kill(clients, gateway, crash.kill, crash.restart)
+
+        assert_each_answered_once_and_right(clients, answered_at_kill, fleet)
+        crash.assert_nothing_lost(killed, answered_at_kill, elapsed)  # type: ignore[arg-type]
+        assert gateway.errors() == [], gateway.describe()
+        assert elapsed < crash.budget_s, f"{REQUESTS} requests took {elapsed:.1f} s"
 
 
 def assert_each_request_published_once_and_acked(fleet: Fleet, stranded: list[str]) -> None:
@@ -195,3 +233,10 @@ def assert_each_request_published_once_and_acked(fleet: Fleet, stranded: list[st
              "the gateway to ack every reply")
     repeated = fleet.entries_added(reply_stream) - REQUESTS
     assert 0 <= repeated <= len(stranded), f"{repeated} repeated replies, {len(stranded)} stranded requests"
+
+
+def reply_count(fleet: KafkaFleet) -> int:
+    """Replies on the gateway's reply topic: more than the requests when the
+    killed worker replied to some it had not yet committed."""
+    [topic] = [name for name in fleet.kcat.topics() if name.startswith(fleet.topic(channels.reply_channel("")))]
+    return len(fleet.kcat.read_keys(topic))

@@ -14,32 +14,9 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.models import write_python_model
+from tests.models import write_countdown_model, write_python_model
 from tests.servers import ferry_serve
 
-COUNTDOWN = """
-import time
-
-import numpy as np
-
-
-class Model:
-    def infer(self, inputs):
-        n = int(inputs["N"].reshape(-1)[0])
-        if n < 0:
-            raise ValueError("N must not be negative")
-        for i in range(n, 0, -1):
-            time.sleep(0.01)
-            yield {"OUT": np.array([i], dtype=np.int32), "WORD": np.array([f"t-{i}".encode()], dtype=object)}
-"""
-COUNTDOWN_CONFIG = """
-name: "countdown"
-backend: "python"
-max_batch_size: 0
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "WORD" data_type: TYPE_STRING dims: [ 1 ] } ]
-model_transaction_policy { decoupled: true }
-"""
 DOUBLE = """
 class Model:
     def infer(self, inputs):
@@ -57,7 +34,7 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repo = tmp_path_factory.mktemp("repo")
-    write_python_model(repo, "countdown", COUNTDOWN, COUNTDOWN_CONFIG)
+    write_countdown_model(repo)
     write_python_model(repo, "double", DOUBLE, DOUBLE_CONFIG)
     with ferry_serve(repo, log_path=tmp_path_factory.mktemp("log") / "serve.log") as url:
         yield url

@@ -19,31 +19,19 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
 from broker import channels
-from tests.fleet.processes import START_TIMEOUT_S, FerryProcess, Gateway, ProcessFleet, wait_for
+from tests.fleet.processes import START_TIMEOUT_S, FerryProcess, Gateway, ProcessFleet, Record, wait_for
 
 __all__ = ["FerryProcess", "Gateway", "Kcat", "KafkaFleet", "Record", "wait_for"]
 
 KCAT = "/usr/bin/kcat"
 KCAT_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True)
-class Record:
-    partition: int
-    offset: int
-    key: str | None
-    headers: dict[str, str]
-    payload: str
-
-    def json(self) -> object:
-        return json.loads(self.payload)
 
 
 class Kcat:
@@ -162,6 +150,18 @@ class KafkaFleet(ProcessFleet):
     def topic(self, channel: str) -> str:
         """A channel's topic on the cluster."""
         return self.namespace + channel
+
+    def read_dead_letters(self) -> list[Any]:
+        return self.kcat.read_msgpack(self.topic(channels.dead_letter_channel()))
+
+    def produce_json(self, channel: str, body: bytes, request_id: str, reply_to: str, **headers: str) -> None:
+        """A message kcat puts on ``channel``'s topic: a JSON body keyed by its request id."""
+        self.kcat.produce(self.topic(channel), body, key=request_id,
+                          headers={"content-type": "application/json", "reply-to": reply_to, **headers})
+
+    def read_replies(self, channel: str, count: int, timeout_s: float = 30.0) -> list[Record]:
+        """Poll until ``channel``'s topic holds at least ``count`` records."""
+        return self.kcat.consume(self.topic(channel), count, timeout_s)
 
     def wait_assigned(self, workers: Sequence[FerryProcess], channel: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until each worker holds partitions of ``channel``: the rebalance its

@@ -10,22 +10,13 @@ import urllib.request
 from pathlib import Path
 
 from broker import channels
-from tests.fleet.test_worker_crash import SLOW_ADD_SUB_CONFIG
 from tests.kafka_fleet.processes import Gateway, KafkaFleet, Record
 from tests.kafka_server import KafkaServer
-from tests.models import write_python_model
+from tests.models import write_slow_add_sub
 
 MODEL = "add_sub"
 # Slow enough that the first requests are still being computed when the broker goes down.
-SLOW_ADD_SUB = """
-import time
-
-class Model:
-    def infer(self, inputs):
-        time.sleep(0.5)
-        a, b = inputs["INPUT0"], inputs["INPUT1"]
-        return {"OUTPUT0": a + b, "OUTPUT1": a - b}
-"""
+SLOW_S = 0.5
 EACH_SIDE = 40
 DOWN_S = 2.0
 REPLIES = "restart.replies"
@@ -82,7 +73,7 @@ def test_after_a_broker_restart_every_acked_request_is_answered_and_http_serves_
     kafka_server: KafkaServer, tmp_path: Path,
 ):
     repo = tmp_path / "repo"
-    write_python_model(repo, MODEL, SLOW_ADD_SUB, SLOW_ADD_SUB_CONFIG)
+    write_slow_add_sub(repo, SLOW_S)
     with KafkaFleet(kafka_server.bootstrap, repo, tmp_path) as fleet:
         gateway = fleet.gateway()
         worker = fleet.worker("w1", "--models", MODEL, "--heartbeat-s", "0.5")

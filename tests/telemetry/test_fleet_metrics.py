@@ -21,27 +21,13 @@ from broker import channels
 from broker.envelope import Request, WireTensor, encode_request
 from broker.transports.redis import PAYLOAD_FIELD
 from tests.fleet.processes import REPO_ROOT, Fleet, wait_for
-from tests.models import write_python_model
+from tests.models import write_slow_model
 from tests.redis_server import flushdb
 from tests.servers import free_port
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"
 QUEUED = 7
-SLOW = """
-import time
-
-class Model:
-    def infer(self, inputs):
-        time.sleep(1.5)
-        return {"Y": inputs["X"] * 2}
-"""
-SLOW_CONFIG = """
-name: "slow"
-backend: "python"
-max_batch_size: 0
-input [{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }]
-output [{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }]
-"""
+SLOW_S = 1.5
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -105,7 +91,7 @@ def test_lag_liveness_and_a_workers_own_endpoints(redis_url: str, tmp_path: Path
     flushdb(redis_url)
     repo = tmp_path / "repo"
     shutil.copytree(MODEL_REPO / "add_sub", repo / "add_sub")
-    write_python_model(repo, "slow", SLOW, SLOW_CONFIG)
+    write_slow_model(repo, "slow", SLOW_S)
     with ThreadPoolExecutor(1) as clients, Fleet(redis_url, repo, tmp_path) as fleet:
         gateway = fleet.gateway("--backlog-interval-s", "0.2")
         publish_add_sub(fleet, QUEUED)

@@ -249,35 +249,6 @@ def affine_repo(tmp_path: Path, exported: bool) -> Path:
     return write_torchscript(tmp_path, "affine", Affine(), config)
 
 
-def test_a_torch_save_pickle_named_model_pt_is_refused_unread(tmp_path: Path):
-    path = affine_repo(tmp_path, exported=False)
-    marker = tmp_path / "code_ran"
-    torch.save({"model": RunsCode(marker)}, str(path))
-    with pytest.raises(ModelLoadError, match="looks like a torch.save pickle, which ferry never loads"):
-        load(tmp_path, "affine")
-    assert not marker.exists()
-
-
-def test_a_torchscript_archive_carrying_a_python_pickle_is_refused(tmp_path: Path):
-    path = affine_repo(tmp_path, exported=False)
-    marker = tmp_path / "code_ran"
-    evil = pickle.dumps(RunsCode(marker), protocol=2)
-    rewrite_zip(path, {"/data.pkl": evil, "/constants.pkl": evil})
-    with pytest.raises(ModelLoadError, match="torch.jit.load refused it"):
-        load(tmp_path, "affine")
-    assert not marker.exists()
-
-
-def test_a_pt2_whose_sample_inputs_are_a_pickle_is_refused(tmp_path: Path):
-    # torch.export.load itself would run this: it retries with weights_only=False.
-    path = affine_repo(tmp_path, exported=True)
-    marker = tmp_path / "code_ran"
-    rewrite_zip(path, {"data/sample_inputs/model.pt": pickle.dumps(RunsCode(marker))})
-    with pytest.raises(ModelLoadError, match="sample inputs do not load as plain tensors"):
-        load(tmp_path, "affine")
-    assert not marker.exists()
-
-
 def _edit_json(path: Path, entry: str, edit) -> None:
     archive = zipfile.ZipFile(io.BytesIO(path.read_bytes()))
     name = next(n for n in archive.namelist() if n.endswith(entry))
@@ -286,23 +257,31 @@ def _edit_json(path: Path, entry: str, edit) -> None:
     rewrite_zip(path, {entry: json.dumps(document).encode()})
 
 
-def test_a_pt2_with_pickled_weights_is_refused(tmp_path: Path):
-    path = affine_repo(tmp_path, exported=True)
-    marker = tmp_path / "code_ran"
+# Each tampering plants code that would create ``marker`` if it ran.
 
+
+def torch_save_pickle(path: Path, marker: Path) -> None:
+    torch.save({"model": RunsCode(marker)}, str(path))
+
+
+def python_pickle_in_torchscript(path: Path, marker: Path) -> None:
+    evil = pickle.dumps(RunsCode(marker), protocol=2)
+    rewrite_zip(path, {"/data.pkl": evil, "/constants.pkl": evil})
+
+
+def pickled_sample_inputs(path: Path, marker: Path) -> None:
+    # torch.export.load itself would run this: it retries with weights_only=False.
+    rewrite_zip(path, {"data/sample_inputs/model.pt": pickle.dumps(RunsCode(marker))})
+
+
+def pickled_weights(path: Path, marker: Path) -> None:
     def pickled(document):
         document["config"]["linear.weight"]["use_pickle"] = True
     _edit_json(path, "model_weights_config.json", pickled)
     rewrite_zip(path, {"data/weights/weight_0": pickle.dumps(RunsCode(marker))})
-    with pytest.raises(ModelLoadError, match="'linear.weight' in .* is stored as a pickle"):
-        load(tmp_path, "affine")
-    assert not marker.exists()
 
 
-def test_a_pt2_with_an_opaque_pickled_constant_is_refused(tmp_path: Path):
-    path = affine_repo(tmp_path, exported=True)
-    marker = tmp_path / "code_ran"
-
+def opaque_pickled_constant(path: Path, marker: Path) -> None:
     def opaque(document):
         document["config"]["evil"] = {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True}
     _edit_json(path, "model_constants_config.json", opaque)
@@ -310,14 +289,9 @@ def test_a_pt2_with_an_opaque_pickled_constant_is_refused(tmp_path: Path):
     root = source.namelist()[0].split("/")[0]
     with zipfile.ZipFile(path, "a") as target:
         target.writestr(f"{root}/data/constants/opaque_obj_0", pickle.dumps(RunsCode(marker)))
-    with pytest.raises(ModelLoadError, match="opaque_obj_0"):
-        load(tmp_path, "affine")
-    assert not marker.exists()
 
 
-def test_a_pt2_whose_symbolic_shape_is_python_code_is_refused(tmp_path: Path):
-    path = affine_repo(tmp_path, exported=True)
-    marker = tmp_path / "code_ran"
+def python_code_as_symbolic_shape(path: Path, marker: Path) -> None:
     planted = []
 
     def code(document):
@@ -334,20 +308,37 @@ def test_a_pt2_whose_symbolic_shape_is_python_code_is_refused(tmp_path: Path):
         plant(document)
     _edit_json(path, "models/model.json", code)
     assert planted
-    with pytest.raises(ModelLoadError, match="symbolic shape .* is not a plain expression"):
-        load(tmp_path, "affine")
-    assert not marker.exists()
 
 
-def test_a_pt2_node_calling_a_python_function_is_refused(tmp_path: Path):
-    path = affine_repo(tmp_path, exported=True)
-
+def node_calling_a_python_function(path: Path, marker: Path) -> None:
     def retarget(document):
         node = document["graph_module"]["graph"]["nodes"][0]
         node["target"] = "torch.os.system"
     _edit_json(path, "models/model.json", retarget)
-    with pytest.raises(ModelLoadError, match="target 'torch.os.system' is not a torch operator"):
+
+
+@pytest.mark.parametrize(("exported", "tamper", "refusal"), [
+    pytest.param(False, torch_save_pickle, "looks like a torch.save pickle, which ferry never loads",
+                 id="a-torch-save-pickle-named-model-pt-is-refused-unread"),
+    pytest.param(False, python_pickle_in_torchscript, "torch.jit.load refused it",
+                 id="a-torchscript-archive-carrying-a-python-pickle"),
+    pytest.param(True, pickled_sample_inputs, "sample inputs do not load as plain tensors",
+                 id="a-pt2-whose-sample-inputs-are-a-pickle"),
+    pytest.param(True, pickled_weights, "'linear.weight' in .* is stored as a pickle",
+                 id="a-pt2-with-pickled-weights"),
+    pytest.param(True, opaque_pickled_constant, "opaque_obj_0", id="a-pt2-with-an-opaque-pickled-constant"),
+    pytest.param(True, python_code_as_symbolic_shape, "symbolic shape .* is not a plain expression",
+                 id="a-pt2-whose-symbolic-shape-is-python-code"),
+    pytest.param(True, node_calling_a_python_function, "target 'torch.os.system' is not a torch operator",
+                 id="a-pt2-node-calling-a-python-function"),
+])
+def test_a_model_file_that_would_run_code_is_refused(tmp_path: Path, exported: bool, tamper, refusal: str):
+    path = affine_repo(tmp_path, exported)
+    marker = tmp_path / "code_ran"
+    tamper(path, marker)
+    with pytest.raises(ModelLoadError, match=refusal):
         load(tmp_path, "affine")
+    assert not marker.exists()
 
 
 def test_the_guard_code_in_a_pt2_is_never_run(tmp_path: Path):

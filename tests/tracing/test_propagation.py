@@ -1,6 +1,8 @@
-"""Trace propagation over Redis, with real ``ferry gateway`` and ``ferry worker``
-processes each writing its spans to a jsonl file of its own: one trace runs from
-the caller through the gateway to the worker's stages."""
+"""Trace propagation over Redis and Kafka, with real ``ferry gateway`` and
+``ferry worker`` processes each writing its spans to a jsonl file of its own:
+one trace runs from the caller through the gateway to the worker's stages, and
+a message a raw producer puts straight on a request channel starts the
+worker's spans from its ``traceparent`` header."""
 
 from __future__ import annotations
 
@@ -13,19 +15,21 @@ from pathlib import Path
 import pytest
 
 from broker import channels
-from broker.transports.redis import PAYLOAD_FIELD
-from tests.fleet.processes import Fleet, Gateway
+from tests.brokers import FLEET_BROKERS, open_fleet
+from tests.fleet.processes import Gateway, ProcessFleet
 from tests.models import write_add_sub
-from tests.redis_server import flushdb
 from tests.tracing.spans import (
     EXPORT_DELAY_ENV, MODEL, assert_worker_request, gateway_span, infer, made_up_parent, new_gateway_span, one,
     read_spans, trace_flags, v2_body, worker_spans,
 )
 
+# For the tests of the gateway's sampling and of async jobs: they are the same over any broker.
+REDIS_ONLY = pytest.mark.parametrize("traced", ["redis"], indirect=True)
+
 
 @dataclass
 class Traced:
-    fleet: Fleet
+    fleet: ProcessFleet
     gateway: Gateway  # --trace-rate 1
     quiet_gateway: Gateway  # --trace-rate 0
     gateway_spans: Path
@@ -33,13 +37,12 @@ class Traced:
     worker_spans: Path
 
 
-@pytest.fixture(scope="module")
-def traced(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
-    flushdb(redis_url)
-    root = tmp_path_factory.mktemp("traced-redis")
+@pytest.fixture(scope="module", params=FLEET_BROKERS)
+def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
+    root = tmp_path_factory.mktemp(f"traced-{request.param}")
     write_add_sub(root / "repo")
     files = [root / name for name in ("gateway.jsonl", "quiet-gateway.jsonl", "worker.jsonl")]
-    with pytest.MonkeyPatch.context() as env, Fleet(redis_url, root / "repo", root) as fleet:
+    with pytest.MonkeyPatch.context() as env, open_fleet(request, request.param, root / "repo", root) as fleet:
         env.setenv(*EXPORT_DELAY_ENV)
         fleet.worker("w1", "--metrics-port", "0", *trace_flags(files[2]))
         gateway = fleet.gateway(*trace_flags(files[0]))
@@ -76,6 +79,7 @@ def test_without_a_traceparent_the_gateway_starts_the_trace_the_worker_joins(tra
                           gateway["span_id"], MODEL)
 
 
+@REDIS_ONLY
 def test_at_rate_zero_only_a_callers_sampled_trace_is_recorded(traced: Traced) -> None:
     seen = len(read_spans(traced.worker_spans))
     infer(traced.quiet_gateway.url)  # not sampled: nothing anywhere
@@ -90,6 +94,7 @@ def test_at_rate_zero_only_a_callers_sampled_trace_is_recorded(traced: Traced) -
     assert_worker_request(spans, trace_id, gateway["span_id"], MODEL)
 
 
+@REDIS_ONLY
 def test_a_callers_unsampled_traceparent_is_followed_at_rate_one(traced: Traced) -> None:
     seen = len(read_spans(traced.worker_spans)), len(read_spans(traced.gateway_spans))
     unsampled, _, _ = made_up_parent(sampled=False)
@@ -102,23 +107,23 @@ def test_a_callers_unsampled_traceparent_is_followed_at_rate_one(traced: Traced)
     assert {s["trace_id"] for s in spans[seen[0]:]} == {trace_id}, spans[seen[0]:]
 
 
-def test_a_raw_redis_producers_traceparent_field_starts_the_workers_spans(traced: Traced) -> None:
-    """An entry XADDed by hand: its ``h.traceparent`` field is a header like any other.
-    A JSON body carries no enqueue time, so there is no queue wait span."""
+def test_a_raw_producers_traceparent_header_starts_the_workers_spans(traced: Traced) -> None:
+    """No gateway: an entry XADDed by hand (its ``h.traceparent`` field is a header
+    like any other) or a message kcat puts on the request topic. A JSON body
+    carries no enqueue time, so there is no queue wait span."""
     parent, trace_id, producer_span = made_up_parent()
-    traced.fleet.redis.xadd(channels.request_channel(MODEL), {
-        PAYLOAD_FIELD: v2_body(), "h.content-type": "application/json", "h.reply-to": "raw.replies",
-        "h.request-id": "raw-1", "h.traceparent": parent,
-    })
+    traced.fleet.produce_json(channels.request_channel(MODEL), v2_body(), "raw-1", "raw.replies", traceparent=parent)
+    [reply] = traced.fleet.read_replies("raw.replies", 1)
+    assert reply.key == "raw-1" and "error" not in reply.headers, reply
     spans = worker_spans(traced.worker_spans, trace_id, 3)
     assert sorted(s["name"] for s in spans if s["trace_id"] == trace_id) == [
         "ferry.batch_formation", "ferry.compute", "ferry.worker.request"]
     request = one(spans, "ferry.worker.request", trace_id)
-    assert request["parent_id"] == producer_span and request["attributes"]["ferry.request_id"] == "raw-1"
+    assert request["parent_id"] == producer_span and request["attributes"]["ferry.request_id"] == "raw-1", request
     assert request["attributes"]["ferry.outcome"] == "success", request
-    assert traced.fleet.redis.xlen("raw.replies") == 1
 
 
+@REDIS_ONLY
 def test_an_async_jobs_submission_is_the_parent_of_its_workers_spans(traced: Traced) -> None:
     parent, trace_id, caller_span = made_up_parent()
     request = urllib.request.Request(
