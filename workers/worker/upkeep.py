@@ -92,8 +92,13 @@ class Upkeep:
         except Exception as exc:
             log.warning("worker.claim_failed", channel=channel, error=str(exc))
             return
-        if deliveries:
-            log.info("worker.claimed", channel=channel, count=len(deliveries), worker_id=worker_id)
+        if not deliveries:
+            return
+        if self._in_flight.credit(model) is None or not self._active(model):
+            # Unloaded while we claimed: left pending, another worker serving it claims them once idle.
+            log.info("worker.claim_dropped", channel=channel, count=len(deliveries), worker_id=worker_id)
+            return
+        log.info("worker.claimed", channel=channel, count=len(deliveries), worker_id=worker_id)
         self._in_flight.dispatch(model, deliveries)
 
     async def _trim(self, channel: str) -> None:
