@@ -33,6 +33,7 @@ from gateway.status import ANSWERED, BROKER_DOWN, retry_after, status_for, statu
 from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
+from workers.decimal_text import ascii_int
 from workers.repository import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.http")
@@ -223,7 +224,8 @@ class _Api:
     async def read_body(self, request: Request) -> bytes:
         limit = self._settings.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        size = ascii_int(declared or "")
+        if size is not None and size > limit:
             raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
         chunks: list[bytes] = []
         size = 0
@@ -260,9 +262,9 @@ def _header_length(request: Request) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None
-    # ASCII digits only: int() would also take '１２', '1_2' and ' 12 '.
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+    length = ascii_int(value)
+    if length is None:
         raise InvalidRequest(f"Inference-Header-Content-Length '{value}' is not an integer")
-    return int(value)
+    return length
 
 

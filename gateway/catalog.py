@@ -14,16 +14,9 @@ from types import MappingProxyType
 
 from workers.errors import ConfigError, ModelNotFound
 from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
+from workers.decimal_text import ascii_int
 
 ReadyVersions = Callable[[], dict[str, tuple[int, ...]]]
-
-
-def version_number(text: str) -> int | None:
-    """A version as a request names it: ASCII digits only, since str.isdigit()
-    also takes '²' (which int() refuses) and '１' or '١' (which it reads as 1)."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        return None
-    return int(text)
 
 
 class ModelCatalog:
@@ -77,7 +70,7 @@ class ModelCatalog:
         entry = self.entry(name)
         if not version:
             return entry, None
-        number = version_number(version)
+        number = ascii_int(version)
         if number is None or number not in entry.versions:
             raise ModelNotFound(f"model '{name}' has no version '{version}'")
         return entry, number

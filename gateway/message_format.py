@@ -31,6 +31,7 @@ from broker.transport import Delivery
 from gateway.errors import GatewayError
 from gateway.service import build_request
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
+from workers.decimal_text import ascii_int
 from workers.formats import JSON, MSGPACK, EnvelopeFormat, Outgoing, header_trace, reply_headers
 
 KAFKA_KEY = "kafka-key"
@@ -99,18 +100,15 @@ def _header_length(delivery: Delivery) -> int | None:
     raw = _text(delivery, "inference-header-content-length")
     if not raw:
         return None
-    if not _is_number(raw, 18):
+    length = ascii_int(raw)
+    if length is None:
         raise EnvelopeError(f"header 'inference-header-content-length' must be an integer, got '{raw}'")
-    return int(raw)
+    return length
 
 
 def _deadline_ns(text: str) -> int:
     # The envelope carries deadline_ns as an int64, so the deadline must come before 2262.
-    if not _is_number(text, 13) or int(text) > _MAX_DEADLINE_MS:
+    deadline_ms = ascii_int(text, 13)
+    if deadline_ms is None or deadline_ms > _MAX_DEADLINE_MS:
         raise EnvelopeError(f"header 'deadline-ms' must be Unix epoch milliseconds, got '{text}'")
-    return int(text) * 1_000_000
-
-
-def _is_number(text: str, max_digits: int) -> bool:
-    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
-    return text.isascii() and text.isdigit() and len(text) <= max_digits
+    return deadline_ms * 1_000_000

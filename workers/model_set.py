@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from workers.decimal_text import ascii_int
 from workers.errors import ModelNotFound
 from workers.fingerprint import Fingerprint
 from workers.overrides import Materialized
@@ -126,8 +127,8 @@ class ModelSet:
             raise ModelNotFound(f"model '{model}' is not loaded")
         if not version:
             return versions[max(versions)]
-        # ASCII digits only: int() also reads '１' and '١' as 1.
-        runner = versions.get(int(version)) if version.isascii() and version.isdigit() else None
+        number = ascii_int(version)
+        runner = None if number is None else versions.get(number)
         if runner is None:
             raise ModelNotFound(f"model '{model}' has no version '{version}' loaded")
         return runner
