@@ -8,6 +8,7 @@ poll learns what happened, and is then forgotten.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -29,7 +30,9 @@ class MemoryJobStore:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._ttl_s = ttl_s
         self._clock = clock
-        self._entries: dict[str, _Entry] = {}
+        # Ordered by creation, which is expiry order; popping the oldest is O(1) (a plain dict's
+        # first key is not, once many have been deleted before it).
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     async def __aenter__(self) -> MemoryJobStore:
         return self
@@ -80,8 +83,7 @@ class MemoryJobStore:
         return entry
 
     def _forget_old(self) -> None:
-        # Every job lives the same TTL on a monotonic clock, so the dict's order (creation) is
-        # expiry order: stop at the first job still remembered, and a create costs O(1) amortised.
+        # Every job lives the same TTL on a monotonic clock: stop at the first job still remembered.
         cutoff = self._clock() - self._ttl_s
         while self._entries:
             job_id, entry = next(iter(self._entries.items()))
