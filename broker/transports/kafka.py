@@ -289,35 +289,29 @@ class KafkaTransport:
     def _cap(self, topic: str, max_count: int) -> int:
         with self._admin_lock:
             admin = self._admin_client()
-            (described,) = admin.describe_topics([topic])
-            if described["error_code"] == UnknownTopicOrPartitionError.errno or not described["partitions"]:
+            bounds = _partition_bounds(admin, topic)
+            if not bounds:
                 return 0
-            tps = sorted((TopicPartition(topic, p["partition_index"]) for p in described["partitions"]),
-                         key=lambda tp: tp.partition)
-            starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
-            ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
-            cuts = {tp: ends[tp].offset - quota for tp, quota in zip(tps, shares(max_count, len(tps)))
-                    if ends[tp].offset - starts[tp].offset > quota}
+            tps = sorted(bounds, key=lambda tp: tp.partition)
+            cuts = {tp: bounds[tp][1] - quota for tp, quota in zip(tps, shares(max_count, len(tps)))
+                    if bounds[tp][1] - bounds[tp][0] > quota}
             if cuts:
                 admin.delete_records(cuts)
-        return sum(cut - starts[tp].offset for tp, cut in cuts.items())
+        return sum(cut - bounds[tp][0] for tp, cut in cuts.items())
 
     def _group_lag_bases(self, topic: str, group: str) -> dict[int, tuple[int, int]] | None:
         """Per partition: (the group's committed offset or the log start, the log end); None if no topic."""
         with self._admin_lock:
             admin = self._admin_client()
-            (described,) = admin.describe_topics([topic])
-            if described["error_code"] == UnknownTopicOrPartitionError.errno:
+            bounds = _partition_bounds(admin, topic)
+            if bounds is None:
                 return None
-            tps = [TopicPartition(topic, p["partition_index"]) for p in described["partitions"]]
-            starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
-            ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
-            committed = _committed_offsets(admin, group, tps)
+            committed = _committed_offsets(admin, group, list(bounds))
         bases = {}
-        for tp in tps:
+        for tp, (start, end) in bounds.items():
             mark = committed.get(tp)
-            base = mark.offset if mark is not None and mark.offset >= 0 else starts[tp].offset
-            bases[tp.partition] = (base, ends[tp].offset)
+            base = mark.offset if mark is not None and mark.offset >= 0 else start
+            bases[tp.partition] = (base, end)
         return bases
 
     def _close_clients(self) -> None:
@@ -355,6 +349,17 @@ def _settle(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], value: A
         loop.call_soon_threadsafe(settle)
     except RuntimeError:
         pass  # the loop has closed; nobody awaits the send any more
+
+
+def _partition_bounds(admin: Any, topic: str) -> dict[TopicPartition, tuple[int, int]] | None:
+    """Per partition of ``topic``: (log start, log end) offsets; None if there is no such topic."""
+    (described,) = admin.describe_topics([topic])
+    if described["error_code"] == UnknownTopicOrPartitionError.errno:
+        return None
+    tps = [TopicPartition(topic, p["partition_index"]) for p in described["partitions"]]
+    starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
+    ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
+    return {tp: (starts[tp].offset, ends[tp].offset) for tp in tps}
 
 
 def _committed_offsets(admin: KafkaAdminClient, group: str, tps: list[TopicPartition]) -> dict[Any, Any]:
