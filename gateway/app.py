@@ -29,10 +29,11 @@ from gateway.management_http import ManagementRoutes, Restriction
 from gateway.metadata import model_metadata, server_metadata
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
-from gateway.status import ANSWERED, BROKER_DOWN, retry_after, status_for, status_for_code
+from gateway.responses import error_response, guarded
+from gateway.status import status_for_code
 from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
-from gateway.v2_codec import RequestedOutput, parse_infer_request, render_error, render_infer_response
+from gateway.v2_codec import RequestedOutput, parse_infer_request, render_infer_response
 from workers.decimal_text import ascii_int
 from workers.repository import is_safe_name
 
@@ -96,10 +97,6 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(render_error(message), status_code=status, media_type="application/json", headers=headers)
-
-
 async def _not_found(request: Request, exc: Exception) -> Response:
     return error_response(f"no route for {request.method} {request.url.path}", 404)
 
@@ -154,15 +151,7 @@ class _Api:
         return error_response(f"invalid model path '{rest}': a model name must not contain '/'", 400)
 
     async def _guard(self, handler: Callable[[Request], Any], request: Request) -> Response:
-        try:
-            return await handler(request)
-        except ANSWERED as exc:
-            if isinstance(exc, BROKER_DOWN):
-                log.warning("http.broker_unavailable", path=request.url.path, error=str(exc))
-            return error_response(str(exc), status_for(exc), retry_after(exc))
-        except Exception as exc:
-            log.exception("http.unhandled", path=request.url.path)
-            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+        return await guarded(handler(request), request.url.path, "http.unhandled")
 
     def _target(self, request: Request | WebSocket) -> tuple[str, str]:
         name = request.path_params["model"]

@@ -16,17 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest
 from gateway.management import ModelManager
-from gateway.status import ANSWERED, retry_after, status_for
-from gateway.v2_codec import render_error
-
-log = structlog.get_logger("ferry.gateway.management")
+from gateway.responses import error_response, guarded
 
 CATEGORY = "model-repository"
 BodyReader = Callable[[Request], Awaitable[bytes]]
@@ -113,15 +109,5 @@ class ManagementRoutes:
 
     async def _guarded(self, request: Request, handler: Callable[[Request], Awaitable[Response]]) -> Response:
         if self._restriction is not None and not self._restriction.allows(request):
-            return _error(f"This API is restricted, expecting header '{self._restriction.header}'", 403)
-        try:
-            return await handler(request)
-        except ANSWERED as exc:
-            return _error(str(exc), status_for(exc), retry_after(exc))
-        except Exception as exc:
-            log.exception("management.unhandled", path=request.url.path)
-            return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
-
-
-def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(render_error(message), status_code=status, media_type="application/json", headers=headers)
+            return error_response(f"This API is restricted, expecting header '{self._restriction.header}'", 403)
+        return await guarded(handler(request), request.url.path, "management.unhandled")
