@@ -59,7 +59,8 @@ from broker.transports.kafka_api import (
     FAST_CRC, KafkaAdminClient, KafkaConnectionError, KafkaError, KafkaProducer, OffsetSpec,
     TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError, reachable,
 )  # fmt: skip
-from broker.transports.kafka_member import ATTEMPTS_HEADER, KEY_HEADER, GroupMember
+from broker.transports.kafka_marks import ATTEMPTS_HEADER, KEY_HEADER
+from broker.transports.kafka_member import GroupMember
 from broker.transports.kafka_settings import KafkaSettings
 
 log = structlog.get_logger("ferry.broker.kafka")

@@ -33,6 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX = "ferry1:"
+# A re-published retry carries its count; a record's Kafka key travels as a header too.
+ATTEMPTS_HEADER = "ferry-attempts"
+KEY_HEADER = "kafka-key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +66,14 @@ def decode_mark(metadata: str | None) -> Mark | None:
 def found_count(found: Mark | None, offset: int) -> int:
     """How often the message at ``offset`` was handed out, by the mark found there."""
     return found.count if found is not None and found.offset == offset else 0
+
+
+def header_attempts(headers: tuple[tuple[str, bytes], ...]) -> int:
+    """The count a re-published retry carries in its last ``ferry-attempts`` header; 1 without one."""
+    for name, value in reversed(headers):
+        if name.lower() == ATTEMPTS_HEADER:
+            try:
+                return max(1, int(value))
+            except ValueError:
+                return 1
+    return 1

@@ -41,17 +41,16 @@ import structlog
 from broker.errors import TransportClosed
 from broker.transport import Delivery
 from broker.transports.kafka_api import (
-    ConsumerRebalanceListener, CooperativeStickyAssignor, KafkaConsumer, KafkaError, MemberState,
+    CooperativeStickyAssignor, KafkaConsumer, KafkaError, MemberState,
     KafkaConnectionError, OffsetAndMetadata, TopicPartition, reachable,
 )  # fmt: skip
-from broker.transports.kafka_inbox import Commit, Inbox, Partition, Record
-from broker.transports.kafka_marks import decode_mark
+from broker.transports.kafka_inbox import Inbox, Partition, Record
+from broker.transports.kafka_rebalance import Rebalance, commit_offsets
+from broker.transports.kafka_marks import KEY_HEADER, decode_mark, header_attempts
 from broker.transports.kafka_settings import KafkaSettings
 
 log = structlog.get_logger("ferry.broker.kafka")
 
-ATTEMPTS_HEADER = "ferry-attempts"
-KEY_HEADER = "kafka-key"
 RETRY_PAUSE_S = 0.5
 # How often the thread checks that its unpaused partitions make progress.
 STALL_CHECK_S = 5.0
@@ -230,7 +229,7 @@ class GroupMember:
         # generation would then hand out nothing.
         for topic in topics:
             consumer.partitions_for_topic(topic)
-        listener = _Rebalance(consumer, self.inbox, self._namespace, log.bind(group=self.group, consumer=self.consumer))
+        listener = Rebalance(consumer, self.inbox, self._namespace, log.bind(group=self.group, consumer=self.consumer))
         consumer.subscribe(topics, listener=listener)
 
     def _turn(self, consumer: KafkaConsumer) -> None:
@@ -298,7 +297,7 @@ class GroupMember:
                 self._commits_failing = False
                 log.info("kafka.commits_resumed", group=self.group, consumer=self.consumer)
 
-        consumer.commit_async(_offsets(due, self._namespace), callback=done)
+        consumer.commit_async(commit_offsets(due, self._namespace), callback=done)
 
     def _flow(self, consumer: KafkaConsumer) -> None:
         count, size = self.inbox.buffered
@@ -364,7 +363,7 @@ class GroupMember:
         headers = tuple((name, bytes(value or b"")) for name, value in (record.headers or ()))
         if record.key is not None:
             headers += ((KEY_HEADER, bytes(record.key)),)
-        attempts = _attempts(headers)
+        attempts = header_attempts(headers)
         delivery = Delivery(
             record.topic.removeprefix(self._namespace), self.group, f"{record.partition}-{record.offset}", bytes(record.value or b""),
             attempts, headers, self.consumer,
@@ -381,79 +380,13 @@ class GroupMember:
         leaving = self.inbox.drop(self.inbox.partitions())
         try:
             if leaving:
-                consumer.commit(_offsets(leaving, self._namespace), timeout_ms=CLOSE_TIMEOUT_MS)
+                consumer.commit(commit_offsets(leaving, self._namespace), timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:
             log.warning("kafka.final_commit_failed", group=self.group, error=repr(exc))
         try:
             consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:
             log.warning("kafka.close_failed", group=self.group, error=repr(exc))
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python is untyped
-    """Runs on kafka-python's I/O thread, which also sends heartbeats, so it
-    must not block: a synchronous commit from here would wait on that very
-    thread. The async commit goes out on the coordinator connection ahead of
-    our JoinGroup, so the partition's next owner (assigned only after we
-    rejoin) sees it.
-
-    Each move is logged, with the records handed out here and not acked
-    (``unacked``): their partition's next owner delivers them again.
-    """
-
-    def __init__(self, consumer: KafkaConsumer, inbox: Inbox, namespace: str, logger: Any) -> None:
-        self._consumer = consumer
-        self._inbox = inbox
-        self._namespace = namespace
-        self._log = logger
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        partitions = self._partitions(revoked)
-        self._log.info("kafka.partitions_revoked", partitions=_names(partitions),
-                       unacked=self._inbox.unacked(partitions))
-        points = self._inbox.drop(partitions)
-        if points:
-            try:
-                self._consumer.commit_async(_offsets(points, self._namespace), callback=self._left)
-            except KafkaError as exc:
-                self._log.warning("kafka.revoke_commit_failed", error=repr(exc))
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self._log.info("kafka.partitions_assigned", partitions=_names(self._partitions(assigned)))
-
-    def on_partitions_lost(self, lost: Any) -> None:
-        # Evicted: our generation is dead, a commit would be refused.
-        partitions = self._partitions(lost)
-        self._log.warning("kafka.partitions_lost", partitions=_names(partitions),
-                          unacked=self._inbox.unacked(partitions))
-        self._inbox.drop(partitions)
-
-    def _left(self, _committed: object, response: object) -> None:
-        # Acked records past the last commit that went through are delivered again.
-        if isinstance(response, Exception):
-            self._log.warning("kafka.revoke_commit_failed", error=repr(response))
-
-    def _partitions(self, tps: Any) -> list[Partition]:
-        return [(tp.topic.removeprefix(self._namespace), tp.partition) for tp in tps]
-
-
-def _names(partitions: list[Partition]) -> list[str]:
-    return sorted(f"{topic}-{partition}" for topic, partition in partitions)
-
-
-def _offsets(commits: dict[Partition, Commit], namespace: str) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {TopicPartition(namespace + topic, partition): OffsetAndMetadata(offset, metadata, -1)
-            for (topic, partition), (offset, metadata) in commits.items()}  # fmt: skip
-
-
-def _attempts(headers: tuple[tuple[str, bytes], ...]) -> int:
-    for name, value in reversed(headers):
-        if name.lower() == ATTEMPTS_HEADER:
-            try:
-                return max(1, int(value))
-            except ValueError:
-                return 1
-    return 1
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
