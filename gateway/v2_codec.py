@@ -11,7 +11,6 @@ back into JSON, binary blobs, or a mix. Pure functions, no I/O.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,23 +20,10 @@ import orjson
 
 from broker.envelope import DEFAULT_LIMITS, Limits, Response, WireTensor
 from gateway.errors import InvalidRequest
-from workers.datatypes import DATATYPES, decode_array, element_count, join_bytes, numpy_dtype, split_bytes
+from gateway.json_tensors import FLOATS, json_bytes, json_name
+from workers.datatypes import DATATYPES, decode_array, element_count, numpy_dtype, split_bytes
 from workers.errors import TensorError
 
-_INTEGERS = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
-_FLOATS = frozenset({"FP16", "FP32", "FP64"})
-# Exact Python types orjson yields per datatype: checked up front because
-# numpy would quietly cast 1.5 to 1, True to 1 or "2" to 2.0.
-_JSON_TYPES: dict[str, frozenset[type]] = {
-    "BOOL": frozenset({bool}),
-    "BYTES": frozenset({str}),
-    **{name: frozenset({int}) for name in _INTEGERS},
-    **{name: frozenset({int, float}) for name in _FLOATS},
-}
-_JSON_EXPECTED = {"BOOL": "true or false", "BYTES": "strings",
-                  **{name: "integers" for name in _INTEGERS}, **{name: "numbers" for name in _FLOATS}}
-_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a fractional number", str: "a string",
-               list: "an array", dict: "an object", type(None): "null"}
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _BINARY_OUTPUT = "binary_data_output"
 
@@ -123,7 +109,7 @@ def _load_header(raw: memoryview, framed: bool) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"malformed JSON in request header: {exc}{_json_hint(raw, exc, framed)}") from None
     if not isinstance(header, dict):
-        raise InvalidRequest(f"request header must be a JSON object, got {_json_name(header)}")
+        raise InvalidRequest(f"request header must be a JSON object, got {json_name(header)}")
     return header
 
 
@@ -138,7 +124,7 @@ def _json_hint(raw: memoryview, exc: orjson.JSONDecodeError, framed: bool) -> st
 
 def _request_id(value: Any) -> str:
     if not isinstance(value, str):
-        raise InvalidRequest(f"request field 'id' must be a string, got {_json_name(value)}")
+        raise InvalidRequest(f"request field 'id' must be a string, got {json_name(value)}")
     return value
 
 
@@ -163,7 +149,7 @@ def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor, ...
 
 def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput:
     if not isinstance(item, dict):
-        raise InvalidRequest(f"inputs[{index}] must be an object, got {_json_name(item)}")
+        raise InvalidRequest(f"inputs[{index}] must be an object, got {json_name(item)}")
     name = _name(item, f"inputs[{index}]", limits)
     where = f"input '{name}'"
     datatype = _datatype(item, where)
@@ -177,13 +163,13 @@ def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput:
         return _binary_input(name, datatype, shape, size)
     if "data" not in item:
         raise InvalidRequest(f"{where} has neither 'data' nor 'parameters.binary_data_size'")
-    return WireTensor(name, datatype, shape, _json_bytes(name, datatype, shape, item["data"]))
+    return WireTensor(name, datatype, shape, json_bytes(name, datatype, shape, item["data"]))
 
 
 def _name(item: dict[str, Any], where: str, limits: Limits) -> str:
     name = item.get("name")
     if not isinstance(name, str) or not name:
-        raise InvalidRequest(f"{where}: field 'name' must be a non-empty string, got {_json_name(name)}")
+        raise InvalidRequest(f"{where}: field 'name' must be a non-empty string, got {json_name(name)}")
     if len(name) > limits.max_name_len:
         raise InvalidRequest(f"{where}: field 'name' is {len(name)} characters long, more than "
                              f"the {limits.max_name_len} allowed")
@@ -193,7 +179,7 @@ def _name(item: dict[str, Any], where: str, limits: Limits) -> str:
 def _datatype(item: dict[str, Any], where: str) -> str:
     datatype = item.get("datatype")
     if not isinstance(datatype, str):
-        raise InvalidRequest(f"{where}: field 'datatype' must be a string, got {_json_name(datatype)}")
+        raise InvalidRequest(f"{where}: field 'datatype' must be a string, got {json_name(datatype)}")
     if datatype not in DATATYPES:
         raise InvalidRequest(f"{where}: unknown datatype '{datatype}'")
     return datatype
@@ -202,13 +188,13 @@ def _datatype(item: dict[str, Any], where: str) -> str:
 def _shape(item: dict[str, Any], where: str, limits: Limits) -> tuple[int, ...]:
     shape = item.get("shape")
     if not isinstance(shape, list):
-        raise InvalidRequest(f"{where}: field 'shape' must be a list of integers, got {_json_name(shape)}")
+        raise InvalidRequest(f"{where}: field 'shape' must be a list of integers, got {json_name(shape)}")
     if len(shape) > limits.max_dims:
         raise InvalidRequest(f"{where}: shape has {len(shape)} dimensions, more than "
                              f"the {limits.max_dims} allowed")
     for dim in shape:
         if type(dim) is not int:
-            raise InvalidRequest(f"{where}: shape {shape} must hold integers, found {_json_name(dim)}")
+            raise InvalidRequest(f"{where}: shape {shape} must hold integers, found {json_name(dim)}")
         if dim < 0:
             raise InvalidRequest(f"{where}: shape {shape} has a negative dimension")
         if dim > limits.max_dim_size:
@@ -254,72 +240,13 @@ def _bind_binary(part: _BinaryInput, blob: memoryview, offset: int) -> tuple[Wir
     return WireTensor(part.name, part.datatype, part.shape, data), end
 
 
-# -- JSON tensor data ----------------------------------------------------------
-
-def _json_bytes(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> bytes:
-    where = f"input '{name}'"
-    if datatype == "BF16":
-        raise InvalidRequest(f"{where}: BF16 data cannot be sent as JSON; send it as binary tensor data")
-    flat = _flatten(data, where)
-    count = element_count(shape)
-    if len(flat) != count:
-        raise InvalidRequest(f"{where}: 'data' holds {len(flat)} elements but shape {list(shape)} "
-                             f"needs {count}")
-    found = set(map(type, flat)) - _JSON_TYPES[datatype]
-    if found:
-        kinds = ", ".join(sorted(_json_name_of_type(kind) for kind in found))
-        raise InvalidRequest(f"{where}: {datatype} data must be {_JSON_EXPECTED[datatype]}, found {kinds}")
-    if datatype == "BYTES":
-        return join_bytes([text.encode("utf-8") for text in flat])
-    return _numeric_array(where, datatype, flat).tobytes()
-
-
-def _flatten(data: Any, where: str) -> list[Any]:
-    if not isinstance(data, list):
-        raise InvalidRequest(f"{where}: field 'data' must be a list, got {_json_name(data)}")
-    flat = data
-    while flat and type(flat[0]) is list:
-        if set(map(type, flat)) != {list}:
-            raise InvalidRequest(f"{where}: 'data' mixes nested lists and values at one level")
-        flat = list(itertools.chain.from_iterable(flat))
-    return flat
-
-
-def _numeric_array(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
-    dtype = numpy_dtype(datatype)
-    if datatype in _INTEGERS:
-        return _integer_array(where, datatype, dtype, flat)
-    if datatype == "BOOL":
-        return np.array(flat, dtype=dtype)
-    with np.errstate(over="ignore"):
-        array = np.array(flat, dtype=dtype)
-    # JSON cannot spell infinity, so any here is an overflow of a finite value.
-    if not np.isfinite(array).all():
-        raise InvalidRequest(f"{where}: a value is out of range for {datatype}")
-    return array
-
-
-def _integer_array(where: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
-    info = np.iinfo(dtype)
-    # Widen first and compare after, so no numpy version wraps out-of-range values silently.
-    wide_dtype = np.uint64 if datatype == "UINT64" else np.int64
-    try:
-        wide = np.array(flat, dtype=wide_dtype)
-    except OverflowError:
-        wide = None
-    if wide is None or (wide.size and (wide.min() < info.min or wide.max() > info.max)):
-        raise InvalidRequest(f"{where}: a value is out of range for {datatype} "
-                             f"[{info.min}, {info.max}]")
-    return wide.astype(dtype)
-
-
 # -- requested outputs -------------------------------------------------------
 
 def _requested_outputs(raw: Any, binary_default: bool, limits: Limits) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise InvalidRequest(f"request field 'outputs' must be a list, got {_json_name(raw)}")
+        raise InvalidRequest(f"request field 'outputs' must be a list, got {json_name(raw)}")
     _check_count(raw, "outputs", limits.max_tensors)
     outputs = tuple(_requested_output(index, item, binary_default, limits) for index, item in enumerate(raw))
     _check_unique([output.name for output in outputs], "output")
@@ -328,7 +255,7 @@ def _requested_outputs(raw: Any, binary_default: bool, limits: Limits) -> tuple[
 
 def _requested_output(index: int, item: Any, binary_default: bool, limits: Limits) -> RequestedOutput:
     if not isinstance(item, dict):
-        raise InvalidRequest(f"outputs[{index}] must be an object, got {_json_name(item)}")
+        raise InvalidRequest(f"outputs[{index}] must be an object, got {json_name(item)}")
     name = _name(item, f"outputs[{index}]", limits)
     where = f"requested output '{name}'"
     parameters = _object(item.get("parameters"), f"{where}: field 'parameters'")
@@ -361,7 +288,7 @@ def _json_data(tensor: WireTensor) -> list[str] | np.ndarray:
     if tensor.datatype == "BYTES":
         return _json_strings(tensor, where)
     array = decode_array(tensor.name, tensor.datatype, tensor.shape, tensor.data).reshape(-1)
-    if tensor.datatype in _FLOATS and not np.isfinite(array).all():
+    if tensor.datatype in FLOATS and not np.isfinite(array).all():
         raise InvalidRequest(f"{where} holds NaN or Infinity, which JSON cannot carry; "
                              f"request it with parameters.binary_data: true")
     # orjson writes a flat native-order array faster than tolist() (13 vs 26 us per 1000 FP32).
@@ -393,13 +320,13 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidRequest(f"{where} must be an object, got {_json_name(value)}")
+        raise InvalidRequest(f"{where} must be an object, got {json_name(value)}")
     return value
 
 
 def _boolean(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise InvalidRequest(f"{where} must be true or false, got {_json_name(value)}")
+        raise InvalidRequest(f"{where} must be true or false, got {json_name(value)}")
     return value
 
 
@@ -414,11 +341,3 @@ def _check_unique(names: list[str], kind: str) -> None:
         if name in seen:
             raise InvalidRequest(f"{kind} '{name}' appears more than once")
         seen.add(name)
-
-
-def _json_name(value: Any) -> str:
-    return _json_name_of_type(type(value))
-
-
-def _json_name_of_type(kind: type) -> str:
-    return _JSON_NAMES.get(kind, kind.__name__)
