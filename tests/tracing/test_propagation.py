@@ -17,6 +17,7 @@ import pytest
 from broker import channels
 from tests.brokers import FLEET_BROKERS, open_fleet
 from tests.fleet.processes import Gateway, ProcessFleet
+from tests.kafka_fleet.processes import KafkaFleet
 from tests.models import write_add_sub
 from tests.tracing.spans import (
     EXPORT_DELAY_ENV, MODEL, assert_worker_request, gateway_span, infer, made_up_parent, new_gateway_span, one,
@@ -44,9 +45,11 @@ def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     files = [root / name for name in ("gateway.jsonl", "quiet-gateway.jsonl", "worker.jsonl")]
     with pytest.MonkeyPatch.context() as env, open_fleet(request, request.param, root / "repo", root) as fleet:
         env.setenv(*EXPORT_DELAY_ENV)
-        fleet.worker("w1", "--metrics-port", "0", *trace_flags(files[2]))
+        worker = fleet.worker("w1", "--metrics-port", "0", *trace_flags(files[2]))
         gateway = fleet.gateway(*trace_flags(files[0]))
         fleet.wait_model_ready(gateway, MODEL)
+        if isinstance(fleet, KafkaFleet):  # a heartbeat comes before the worker holds its partitions
+            fleet.wait_assigned([worker], channels.request_channel(MODEL))
         # A second gateway on Kafka would join the gateways' groups and set off rebalances the
         # Kafka tests have no use for.
         quiet = fleet.gateway(*trace_flags(files[1], rate=0.0)) if request.param == "redis" else None
