@@ -6,13 +6,15 @@
 #   docker run --rm ferry:0.1.0 worker --broker redis://HOST:6379/0 --model-repository /models
 #
 # Two stages: torch and the bundled MiniLM weights are needed only to export the embedding
-# demo to ONNX, so they stay in the first stage and the image carries the exported files.
+# demo to ONNX, so they stay in the first stage and the image carries the exported files, and
+# ferry's wheel, built there once.
 
 FROM python:3.11.11-slim-bookworm AS convert
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY broker broker
+COPY ferry ferry
 COPY gateway gateway
 COPY workers workers
 # The CPU build of torch: the export needs no CUDA, and it is a tenth of the size.
@@ -20,20 +22,18 @@ COPY workers workers
 # hadolint ignore=DL3013
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu '.[embedding]'
 COPY model_repo model_repo
-RUN python model_repo/convert_minilm.py
+RUN python model_repo/convert_minilm.py \
+    && pip wheel --no-deps --wheel-dir /wheels .
 
 
 FROM python:3.11.11-slim-bookworm
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
     FERRY_HEALTH_PORT=8000
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY broker broker
-COPY gateway gateway
-COPY workers workers
+COPY --from=convert /wheels /wheels
 # tokenizers is the one part of the embedding extra the served ensemble needs at run time.
-RUN pip install . 'tokenizers>=0.15' \
-    && rm -rf /src \
+RUN pip install /wheels/ferry-*.whl 'tokenizers>=0.15' \
+    && rm -rf /wheels \
     && groupadd --system --gid 10001 ferry \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin ferry
 COPY --from=convert --chown=root:root /src/model_repo /models

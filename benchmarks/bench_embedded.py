@@ -20,7 +20,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from benchmarks.loadgen import (  # noqa: E402
 from benchmarks.ort_inprocess import MODE as ORT_MODE, measure_ort  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
 from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
+from benchmarks.window import Window, WindowOptions  # noqa: E402
 
 MODEL_DIR = REPO_ROOT / "model_repo" / "cnn"
 MODEL_NAME = "cnn"
@@ -45,16 +46,15 @@ OUTPUT_BYTES = 10 * 4          # PROBS: FP32 [1, 10]
 TARGET_RATIO = 0.7
 BATCHING, NO_BATCHING = "ferry, batching", "ferry, no batching"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "embedded.json"
-DEFAULT_DURATION_S, DEFAULT_WARMUP_S = 4.0, 2.0
-QUICK_DURATION_S, QUICK_WARMUP_S = 1.0, 0.5
+WINDOWS = WindowOptions(full=Window(duration_s=4.0, warmup_s=2.0), quick=Window(duration_s=1.0, warmup_s=0.5))
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 DEFAULT_CONCURRENCY = (1, 16, 64)
 
 
 @dataclass(frozen=True, slots=True)
 class BenchSettings:
-    duration_s: float = DEFAULT_DURATION_S
-    warmup_s: float = DEFAULT_WARMUP_S
+    duration_s: float = WINDOWS.full.duration_s
+    warmup_s: float = WINDOWS.full.warmup_s
     out: Path = DEFAULT_OUT
     skip_ort: bool = False
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
@@ -64,15 +64,13 @@ class BenchSettings:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, help="measured seconds per point (default 4, --quick 1)")
-    parser.add_argument("--warmup", type=float, help="unmeasured seconds before each point (default 2, --quick 0.5)")
+    WINDOWS.add_to(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
     parser.add_argument("--skip-ort", action="store_true", help="skip the in-process ONNX Runtime baseline")
     parser.add_argument("--concurrency", type=int_list, default=DEFAULT_CONCURRENCY,
                         help="client concurrencies, comma-separated (default 1,16,64)")
     parser.add_argument("--batch-sizes", type=int_list, default=DEFAULT_BATCH_SIZES,
                         help="in-process batch sizes, comma-separated (default 1,8,32,64)")
-    parser.add_argument("--quick", action="store_true", help="short durations, for a smoke run")
     parser.add_argument("--profile", action="store_true",
                         help="afterwards, sample the server with py-spy during one more batching run "
                              "at the highest concurrency (needs py-spy; not part of the table)")
@@ -81,11 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     args = _parser().parse_args(argv)
-    duration, warmup = (QUICK_DURATION_S, QUICK_WARMUP_S) if args.quick else (DEFAULT_DURATION_S, DEFAULT_WARMUP_S)
     return BenchSettings(
-        duration_s=args.duration if args.duration is not None else duration,
-        warmup_s=args.warmup if args.warmup is not None else warmup,
-        out=args.out, skip_ort=args.skip_ort, batch_sizes=args.batch_sizes,
+        **asdict(WINDOWS.chosen(args)), out=args.out, skip_ort=args.skip_ort, batch_sizes=args.batch_sizes,
         concurrency=args.concurrency, profile=args.profile,
     )
 

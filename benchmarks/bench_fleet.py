@@ -17,15 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import platform
 import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,20 +33,22 @@ if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the pat
 
 from benchmarks import cpu, fleet_procs, sleep_model  # noqa: E402
 from benchmarks.fleet_procs import Broker, Fleet  # noqa: E402
+from benchmarks.fleet_report import (  # noqa: E402
+    EMBEDDED, TARGET_SCALING, Report, Row, key_figures, print_scaling, print_throughput, scaling_line, throughput_line,
+    write_json,
+)
 from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load  # noqa: E402
 from benchmarks.server import copy_model, ferry_server  # noqa: E402
 from benchmarks.sleep_model import BatchCount, SleepModel  # noqa: E402
 from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
+from benchmarks.window import Window, WindowOptions  # noqa: E402
 
 CNN_DIR = REPO_ROOT / "model_repo" / "cnn"
 CNN_NAME, CNN_SHAPE, CNN_OUTPUT_BYTES = "cnn", (3, 128, 128), 10 * 4
-EMBEDDED = "serve, memory broker"
 BROKERS = ("redis", "kafka")
 SCALING = "gateway + N workers"
-TARGET_SCALING, TARGET_SCALING_WORKERS = 3.5, 4
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fleet.json"
-DEFAULT_DURATION_S, DEFAULT_WARMUP_S = 5.0, 2.0
-QUICK_DURATION_S, QUICK_WARMUP_S = 1.5, 1.0
+WINDOWS = WindowOptions(full=Window(duration_s=5.0, warmup_s=2.0), quick=Window(duration_s=1.5, warmup_s=1.0))
 
 Pids = dict[str, tuple[int, ...]]   # role ("server", "gateway", "workers", "broker") -> its processes
 
@@ -64,8 +63,8 @@ def split_mode(kind: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BenchSettings:
-    duration_s: float = DEFAULT_DURATION_S
-    warmup_s: float = DEFAULT_WARMUP_S
+    duration_s: float = WINDOWS.full.duration_s
+    warmup_s: float = WINDOWS.full.warmup_s
     out: Path = DEFAULT_OUT
     concurrency: tuple[int, ...] = (16, 64)
     workers: tuple[int, ...] = (1, 2, 4)
@@ -86,47 +85,18 @@ class BenchSettings:
         # Two full batches per worker: one running, one queued behind it.
         return self.scaling_concurrency or 2 * self.max_batch_size * max(self.workers)
 
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    summary: Summary
-    broker: str                                         # "memory", "redis" or "kafka"
-    cores: dict[str, float | None]                      # role -> cores busy in the window
-    ratio: float | None = None                          # to the row this part compares against
-    worker_counts: tuple[BatchCount, ...] = ()          # part 2: each worker's batches in the window
-    ideal_per_s: float | None = None
-    held: tuple[int, ...] = ()                          # part 2, mid-window: each worker's unacked
-                                                        # deliveries (Redis) or partitions (Kafka)
-
     def to_json(self) -> dict[str, object]:
-        return {
-            **self.summary.to_json(), "broker": self.broker, "cores": self.cores, "ratio": self.ratio,
-            "ideal_per_s": self.ideal_per_s, "efficiency": self.efficiency, "held_mid_window": list(self.held),
-            "workers": [{"batches": c.batches, "rows": c.rows, "mean_batch": c.mean_batch}
-                        for c in self.worker_counts],
-        }
-
-    @property
-    def efficiency(self) -> float | None:
-        return self.summary.images_per_s / self.ideal_per_s if self.ideal_per_s else None
-
-
-@dataclass(slots=True)
-class Report:
-    throughput: list[Row] = field(default_factory=list)
-    scaling: list[Row] = field(default_factory=list)
-    # Other work on the machine skews every figure; the 1-minute load says how much there was.
-    load_start: tuple[float, float, float] = field(default_factory=os.getloadavg)
-
-    @property
-    def errors(self) -> int:
-        return sum(row.summary.errors for row in self.throughput + self.scaling)
+        return {"duration_s": self.duration_s, "warmup_s": self.warmup_s,
+                "concurrency": list(self.concurrency), "workers": list(self.workers),
+                "brokers": list(self.brokers),
+                "sleep_ms": self.sleep_ms, "max_batch_size": self.max_batch_size,
+                "queue_delay_us": self.queue_delay_us,
+                "scaling_concurrency": self.clients_for_scaling}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, help="measured seconds per point (default 5, --quick 1.5)")
-    parser.add_argument("--warmup", type=float, help="unmeasured seconds before each point (default 2, --quick 1)")
+    WINDOWS.add_to(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
     parser.add_argument("--concurrency", type=int_list, default=(16, 64),
                         help="client concurrencies for part 1, comma-separated (default 16,64)")
@@ -141,18 +111,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="client concurrency for part 2 (default 2 x max batch x most workers)")
     parser.add_argument("--skip-throughput", action="store_true", help="leave out part 1")
     parser.add_argument("--skip-scaling", action="store_true", help="leave out part 2")
-    parser.add_argument("--quick", action="store_true", help="short durations, for a smoke run")
     return parser
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     args = _parser().parse_args(argv)
-    duration, warmup = (QUICK_DURATION_S, QUICK_WARMUP_S) if args.quick else (DEFAULT_DURATION_S, DEFAULT_WARMUP_S)
     return BenchSettings(
-        duration_s=args.duration if args.duration is not None else duration,
-        warmup_s=args.warmup if args.warmup is not None else warmup,
-        out=args.out, concurrency=args.concurrency, workers=args.workers, brokers=args.brokers,
-        sleep_ms=args.sleep_ms,
+        **asdict(WINDOWS.chosen(args)), out=args.out, concurrency=args.concurrency, workers=args.workers,
+        brokers=args.brokers, sleep_ms=args.sleep_ms,
         max_batch_size=args.max_batch_size, queue_delay_us=args.queue_delay_us,
         scaling_concurrency=args.scaling_concurrency,
         skip_throughput=args.skip_throughput, skip_scaling=args.skip_scaling,
@@ -231,7 +197,7 @@ async def _points(mode: str, broker: str, target: Target, settings: BenchSetting
         summary, cores, _ = await measure(mode, target, LoadSpec(concurrency, settings.warmup_s, settings.duration_s),
                                           pids)
         rows.append(Row(summary, broker, cores))
-        print(f"  {_throughput_line(rows[-1])}", flush=True)
+        print(f"  {throughput_line(rows[-1])}", flush=True)
     return rows
 
 
@@ -300,7 +266,7 @@ def run_scaling(settings: BenchSettings, broker: Broker, scratch: Path) -> list[
             logs = _logs(scratch, f"{broker.kind}-n{workers}")
             with fleet_procs.fleet(repository, url, workers, sleep_model.NAME, logs) as running:
                 rows.append(runner.run(_scaling_point(running, broker, url, spec, model, stats_dir)))
-            print(f"  {_scaling_line(rows[-1])}", flush=True)
+            print(f"  {scaling_line(rows[-1])}", flush=True)
     base = rows[0].summary.images_per_s if rows and len(rows[0].worker_counts) == 1 else None
     return [Row(r.summary, r.broker, r.cores, _ratio(r.summary.images_per_s, base), r.worker_counts, r.ideal_per_s,
                 r.held) for r in rows]
@@ -323,101 +289,6 @@ async def _scaling_point(running: Fleet, broker: Broker, url: str, spec: LoadSpe
     summary, cores, per_worker = await measure(mode, target, spec, _fleet_pids(running, broker), counts)
     return Row(summary, broker.kind, cores, None, tuple(per_worker), model.ideal_rows_per_s(len(running.worker_pids)),
                tuple(await held))
-
-
-# --- reporting -------------------------------------------------------------------------
-
-
-def _maybe(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _throughput_line(row: Row) -> str:
-    s = row.summary
-    errors = f"  ({s.errors} errors)" if s.errors else ""
-    return (f"{s.mode:<26} {s.point:<16} {s.images_per_s:>10.1f} {_maybe(s.p50_ms, '.2f'):>9} "
-            f"{_maybe(s.p99_ms, '.2f'):>9} {_maybe(row.ratio, '.2f'):>13}{errors}")
-
-
-def print_throughput(rows: list[Row]) -> None:
-    print(f"\n{'mode':<26} {'point':<16} {'images/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'x in-memory':>13}")
-    for row in rows:
-        print(_throughput_line(row))
-    print(f"\n{'CPU (cores busy)':<26} {'point':<16} {'client':>7} {'serve':>7} {'gateway':>8} {'workers':>8} "
-          f"{'broker':>7} {'server-side ms/image':>21}")
-    for row in rows:
-        c = row.cores
-        print(f"{row.summary.mode:<26} {row.summary.point:<16} {_maybe(c.get('client'), '.2f'):>7} "
-              f"{_maybe(c.get('server'), '.2f'):>7} {_maybe(c.get('gateway'), '.2f'):>8} "
-              f"{_maybe(c.get('workers'), '.2f'):>8} {_maybe(c.get('broker'), '.2f'):>7} "
-              f"{_maybe(row.summary.compute_ms_per_image, '.2f'):>21}")
-
-
-def _scaling_line(row: Row) -> str:
-    s = row.summary
-    errors = f"  ({s.errors} errors)" if s.errors else ""
-    return (f"{row.broker:<6} {len(row.worker_counts):>7} {s.point:<16} {s.images_per_s:>10.1f} {_maybe(s.p50_ms, '.1f'):>9} "
-            f"{_maybe(s.p99_ms, '.1f'):>9} {_maybe(row.ratio, '.2f'):>10} {_maybe(row.ideal_per_s, '.1f'):>10} "
-            f"{_maybe(row.efficiency, '.0%'):>11}{errors}")
-
-
-def _spread(row: Row) -> str:
-    total = sum(count.rows for count in row.worker_counts) or 1
-    return "  ".join(f"{count.rows / total:.0%} ({count.batches} b, mean {_maybe(count.mean_batch, '.1f')})"
-                     for count in row.worker_counts)
-
-
-def print_scaling(rows: list[Row]) -> None:
-    print(f"\n{'broker':<6} {'workers':>7} {'point':<16} {'requests/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'x 1 worker':>10} "
-          f"{'ideal/s':>10} {'of ideal':>11}")
-    for row in rows:
-        print(_scaling_line(row))
-    print("\nshare of rows per worker in the window (batches, mean batch size); mid-window, what each "
-          "worker held: unacked deliveries (redis) or partitions (kafka):")
-    for row in rows:
-        print(f"{row.broker:<6} {len(row.worker_counts):>7}  {_spread(row)}    held {list(row.held)}")
-
-
-def key_figures(report: Report) -> dict[str, object]:
-    figures: dict[str, object] = {}
-    for row in report.throughput:
-        if row.summary.mode != EMBEDDED:
-            figures[f"{row.summary.mode} / {EMBEDDED}, {row.summary.point}"] = row.ratio
-    for row in report.scaling:
-        if len(row.worker_counts) == TARGET_SCALING_WORKERS:
-            figures[f"scaling, {row.broker}"] = {
-                "name": f"{TARGET_SCALING_WORKERS} workers / 1 worker over {row.broker}", "value": row.ratio,
-                "target": TARGET_SCALING, "met": row.ratio is not None and row.ratio >= TARGET_SCALING,
-            }
-    return figures
-
-
-def _machine() -> dict[str, object]:
-    import kafka
-    import redis
-
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "redis_py": redis.__version__, "kafka_python": kafka.__version__, "numpy": np.__version__}
-
-
-def write_json(path: Path, settings: BenchSettings, report: Report) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "benchmark": "fleet",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": _machine(),
-        "load_average": {"start": list(report.load_start), "end": list(os.getloadavg())},
-        "settings": {"duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
-                     "concurrency": list(settings.concurrency), "workers": list(settings.workers),
-                     "brokers": list(settings.brokers),
-                     "sleep_ms": settings.sleep_ms, "max_batch_size": settings.max_batch_size,
-                     "queue_delay_us": settings.queue_delay_us,
-                     "scaling_concurrency": settings.clients_for_scaling},
-        "throughput": [row.to_json() for row in report.throughput],
-        "scaling": [row.to_json() for row in report.scaling],
-        "key_figures": key_figures(report),
-    }
-    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -450,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nkey figure: {figure['name']} = {figure['value']:.2f} (target >= {TARGET_SCALING})")
     print(f"\nload average (1 min) {report.load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end, "
           f"on {os.cpu_count()} CPUs")
-    write_json(settings.out, settings, report)
+    write_json(settings.out, settings.to_json(), report)
     print(f"wrote {settings.out}")
     return 1 if report.errors else 0
 

@@ -31,12 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stats import int_list, percentile  # noqa: E402
+from benchmarks.table import Column, print_table  # noqa: E402
 from broker.envelope import Request, WireTensor  # noqa: E402
-from workers.repository import ModelRepository  # noqa: E402
+from workers.repository.layout import ModelRepository  # noqa: E402
 from workers.runner import ModelRunner  # noqa: E402
 
 MODEL_DIR = ROOT / "model_repo" / "stateful_gru"
 FRAMES, FEATURES, HIDDEN = 3, 16, 32
+COLUMNS = (Column("B", 3), Column("ORT seq/s", 10, ".1f"), Column("ferry seq/s", 12, ".1f"), Column("ratio", 6, ".2f"),
+           Column("ferry steps/s", 14, ".1f"), Column("mean batch", 10, ".1f"), Column("p50 ms", 7, ".2f"),
+           Column("p95 ms", 7, ".2f"))
 
 
 def features(rng: np.random.Generator, batch: int) -> np.ndarray:
@@ -113,13 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"batch": batch, "ort": ort_row, "ferry": ferry_row,
                      "ratio": ferry_row["sequences_per_s"] / ort_row["sequences_per_s"]})
     print(f"stateful_gru, {args.steps} steps per sequence, {FRAMES} frames per step")
-    print(f"{'B':>3} {'ORT seq/s':>10} {'ferry seq/s':>12} {'ratio':>6} {'ferry steps/s':>14} "
-          f"{'mean batch':>10} {'p50 ms':>7} {'p95 ms':>7}")
-    for row in rows:
-        f = row["ferry"]
-        print(f"{row['batch']:>3} {row['ort']['sequences_per_s']:>10.1f} {f['sequences_per_s']:>12.1f} "
-              f"{row['ratio']:>6.2f} {f['steps_per_s']:>14.1f} {f['mean_batch']:>10.1f} "
-              f"{f['p50_ms']:>7.2f} {f['p95_ms']:>7.2f}")
+    print_table(COLUMNS, [(row["batch"], row["ort"]["sequences_per_s"], row["ferry"]["sequences_per_s"], row["ratio"],
+                           *(row["ferry"][key] for key in ("steps_per_s", "mean_batch", "p50_ms", "p95_ms")))
+                          for row in rows])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=2))
     print(f"wrote {args.out}")

@@ -4,7 +4,7 @@
     python benchmarks/bench_speech.py --quick       # 1 and 4 sessions
 
 A ``redis-server`` and ``ferry worker`` processes serve a copy of ``model_repo/speech``.
-For each count N, N clients (``gateway.speech_client.SpeechSession``) each stream the
+For each count N, N clients (``ferry.speech_client.SpeechSession``) each stream the
 same ~9 s of espeak-ng speech (three sentences with pauses) in 160 ms chunks at the pace
 of speech, starting a fraction of a chunk apart. Per count it reports:
 
@@ -40,7 +40,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from benchmarks import cpu, fleet_procs  # noqa: E402
 from benchmarks.stats import int_list, percentile  # noqa: E402
-from gateway.speech_client import SpeechSession, Transcript, stream_samples  # noqa: E402
+from ferry.speech_client import SpeechSession, Transcript, stream_samples  # noqa: E402
 from tests.speech.audio import silence, speak  # noqa: E402
 
 SENTENCES = ("please open the door", "i would like a cup of coffee", "two three four five")

@@ -35,10 +35,13 @@ from benchmarks.bench_embedded import MODEL_DIR, _measure_point, _target  # noqa
 from benchmarks.loadgen import LoadSpec, event_loop_runner  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
 from benchmarks.stats import Summary, int_list  # noqa: E402
+from benchmarks.table import Column, print_table  # noqa: E402
 
 OFF, METRICS, TRACING = "off", "metrics", "metrics + tracing 1%"
 TARGET_LOSS = 0.05
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "telemetry.json"
+COLUMNS = (Column("mode", 24, align="<"), Column("concurrency", 11), Column("images/s (median)", 18, ".1f"),
+           Column("p99 ms", 8, ".2f"), Column("ratio to off", 13, ".3f"), Column("server CPU ms/image", 20, ".3f"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,16 +188,6 @@ def table(results: dict[str, dict[int, list[Summary]]]) -> list[dict[str, object
     return rows
 
 
-def print_table(rows: list[dict[str, object]]) -> None:
-    print(f"\n{'mode':<24} {'concurrency':>11} {'images/s (median)':>18} {'p99 ms':>8} {'ratio to off':>13} "
-          f"{'server CPU ms/image':>20}")
-    for row in rows:
-        ratio = row["ratio_to_off"]
-        print(f"{row['mode']:<24} {row['concurrency']:>11} {row['images_per_s']:>18.1f} "
-              f"{row['p99_ms']:>8.2f} {ratio if ratio is None else format(ratio, '.3f'):>13} "
-              f"{row['server_cpu_ms_per_image']:>20.3f}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
     print(f"ferry serve on {MODEL_DIR.name}: {OFF} / {METRICS} / {TRACING}, {settings.rounds} alternating rounds",
@@ -205,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         spans = len(spans_file.read_text().splitlines()) if spans_file.exists() else 0
         costs = micro_costs(settings.trace_rate, Path(scratch))
     rows = table(results)
-    print_table(rows)
+    print()
+    print_table(COLUMNS, [[row[key] for key in ("mode", "concurrency", "images_per_s", "p99_ms", "ratio_to_off",
+                                                "server_cpu_ms_per_image")] for row in rows])
     off_cpu_us = statistics.median(row["server_cpu_ms_per_image"] for row in rows if row["mode"] == OFF) * 1e3
     metrics_us = costs["http_counting_us"] + costs["stats_book_us"]
     shares = {"metrics": metrics_us / off_cpu_us, "tracing": costs["tracing_us"] / off_cpu_us}

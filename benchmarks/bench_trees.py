@@ -36,7 +36,7 @@ from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, 
 from benchmarks.server import ferry_server  # noqa: E402
 from benchmarks.stats import int_list  # noqa: E402
 from workers.backends.tree_runtimes import ForestFile, open_runtime  # noqa: E402
-from workers.trees_export import export_sklearn  # noqa: E402
+from workers.offline.trees_export import export_sklearn  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "trees.json"
 BATCH_SIZES = (1, 16, 256, 4096)

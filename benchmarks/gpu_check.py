@@ -131,7 +131,7 @@ def skip_reason(path: str, env: dict[str, Any]) -> str | None:
 
 def _repo(folder: Path, name: str, config: str, model: Path) -> Any:
     from workers.backends.base import ModelContext
-    from workers.repository import ModelRepository
+    from workers.repository.layout import ModelRepository
 
     (folder / name / "1").mkdir(parents=True)
     shutil.copy(model, folder / name / "1" / model.name)
@@ -164,7 +164,7 @@ def ort_backend(folder: Path, kind: str, optimization: str = "") -> Any:
 
 def tensorrt_backend(folder: Path, precision: str) -> Any:
     from workers.backends.tensorrt import TensorRTBackend
-    from workers.tensorrt_build import BatchRange, BuildSettings, build_engine
+    from workers.offline.tensorrt_build import BatchRange, BuildSettings, build_engine
 
     plan = folder / f"cnn_{precision}.plan"
     began = time.perf_counter()

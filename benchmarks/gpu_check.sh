@@ -25,7 +25,7 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 "$PY" -m benchmarks.gpu_check --out "$OUT/gpu_check.json"
 check=$?
-"$PY" -m pytest -q -rs --noconftest -p no:cacheprovider tests/workers/test_optimization_config.py \
+"$PY" -m pytest -q -rs --noconftest -p no:cacheprovider tests/workers/repository/test_optimization_config.py \
   tests/workers/backends/test_onnxruntime_gpu.py tests/workers/backends/test_tensorrt.py 2>&1 | tee "$OUT/gpu_tests.txt"
 tests=${PIPESTATUS[0]}
 echo "gpu_check exit $check, tests exit $tests"

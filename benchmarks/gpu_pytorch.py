@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from workers.backends.base import ModelContext  # noqa: E402
 from workers.backends.pytorch import PyTorchBackend  # noqa: E402
-from workers.config import load_config  # noqa: E402
+from workers.repository.config_file import load_config  # noqa: E402
 
 CLASSES = 100
 TOLERANCE = {"FP32": 1e-3, "FP16": 3e-2}
@@ -139,7 +139,7 @@ def backend_for(model_dir: Path) -> PyTorchBackend:
 
 
 def _parse(path: Path) -> dict[str, Any]:
-    from workers.pbtxt import parse_file
+    from workers.repository.pbtxt import parse_file
 
     return parse_file(path)
 
@@ -176,7 +176,7 @@ def runner_rate(model_dir: Path, images: np.ndarray, seconds: float) -> float | 
     try:
         from broker.envelope import Request, WireTensor
         from workers.datatypes import encode_array
-        from workers.repository import ModelRepository
+        from workers.repository.layout import ModelRepository
         from workers.runner import ModelRunner
     except ImportError as err:
         return f"skipped: {err}"

@@ -100,8 +100,8 @@ def ferry_server(repository: Path, log_path: Path, ready_timeout_s: float = 90.0
 
 
 def spawn_ferry(args: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """``python -m gateway.cli ARGS`` in the repository root, JSON logs to ``log_path``."""
-    command = [sys.executable, "-m", "gateway.cli", *args, "--log-format", "json"]
+    """``python -m ferry.cli.main ARGS`` in the repository root, JSON logs to ``log_path``."""
+    command = [sys.executable, "-m", "ferry.cli.main", *args, "--log-format", "json"]
     with log_path.open("wb") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

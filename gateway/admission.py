@@ -25,7 +25,7 @@ import structlog
 from broker import channels
 from broker.errors import TransportError
 from gateway.errors import QueueFull
-from workers.config import ModelConfig
+from workers.repository.config import ModelConfig
 
 log = structlog.get_logger("ferry.gateway.admission")
 

@@ -35,7 +35,7 @@ from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
 from gateway.v2_codec import RequestedOutput, parse_infer_request, render_infer_response
 from workers.decimal_text import ascii_int
-from workers.repository import is_safe_name
+from workers.repository.layout import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.http")
 

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from broker import channels
 from broker.errors import TransportError
 from gateway.periodic import Periodic
-from workers.repository import RepositoryIndex
+from workers.repository.layout import RepositoryIndex
 
 log = structlog.get_logger("ferry.gateway.backlog")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
-from workers.errors import ConfigError, ModelNotFound
-from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
 from workers.decimal_text import ascii_int
+from workers.errors import ConfigError, ModelNotFound
+from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex
 
 ReadyVersions = Callable[[], dict[str, tuple[int, ...]]]
 

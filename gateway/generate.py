@@ -20,7 +20,7 @@ import orjson
 from broker.envelope import Response
 from gateway.errors import InvalidRequest
 from gateway.v2_codec import ParsedInfer, parse_infer_request, render_infer_response
-from workers.config import ModelConfig
+from workers.repository.config import ModelConfig
 
 _RESERVED = ("id", "parameters")
 

@@ -21,14 +21,14 @@ from typing import Any
 import structlog
 
 from gateway.catalog import ModelCatalog
-from gateway.control_client import ControlClient, Gathered
+from workers.control.client import ControlClient, Gathered
 from gateway.errors import InvalidRequest, ModelUnavailable, UpstreamTimeout
-from workers.control import Action, ControlSettings
+from workers.control.messages import Action, ControlSettings
 from workers.errors import ConfigError, ModelNotFound
-from workers.overrides import (
+from workers.repository.overrides import (
     LoadOverrides, Materialized, materialize, parse_load_parameters, parse_unload_parameters,
 )
-from workers.repository import is_safe_name
+from workers.repository.layout import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.management")
 

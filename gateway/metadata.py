@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.config import ModelConfig, TensorConfig
+from workers.repository.config import ModelConfig, TensorConfig
 
 SERVER_NAME = "ferry"
 SERVER_VERSION = "0.1.0"

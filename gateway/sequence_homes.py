@@ -22,7 +22,7 @@ from collections import OrderedDict
 from contextlib import AbstractAsyncContextManager
 
 from broker.envelope import Response, SequenceId
-from workers.sessions import CHANNEL_PARAMETER, SequenceLocks
+from workers.sequences.sessions import CHANNEL_PARAMETER, SequenceLocks
 
 _KEPT = 65_536  # sequences remembered; the oldest are forgotten first
 

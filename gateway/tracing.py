@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from broker.envelope import Response
-from workers.formats import TRACE_HEADERS
+from workers.formats.envelope import TRACE_HEADERS
 from workers.telemetry.tracing import names
 
 if TYPE_CHECKING:

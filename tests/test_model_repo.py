@@ -14,8 +14,9 @@ import onnxruntime as ort
 import pytest
 
 from tests.models import GENERATOR_PATH, IDENTITY_DATATYPES, generator, write_add_sub, write_identity_model
-from workers.config import ModelConfig, parse_config_file
 from workers.datatypes import numpy_dtype
+from workers.repository.config import ModelConfig
+from workers.repository.config_file import parse_config_file
 
 MODEL_REPO = GENERATOR_PATH.parent
 MODELS = ("add_sub", "cnn", "stateful_gru", "text_stats")

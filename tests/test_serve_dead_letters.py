@@ -110,7 +110,7 @@ def test_large_requests_given_up_on_leave_memory_flat_and_are_counted(repository
     (("--dead-letter-max-bytes", "4096"), "leaves 4 bytes for each of 1024 letters"),
 ])
 def test_dead_letter_bounds_that_cannot_hold_a_letter_stop_ferry_at_start(repository: Path, flags, fault):
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--model-repository", str(repository), *flags],
+    done = subprocess.run([sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(repository), *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "--dead-letter-max-count / --dead-letter-max-bytes" in done.stderr and fault in done.stderr

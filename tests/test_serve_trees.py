@@ -153,7 +153,7 @@ def test_a_pickle_under_a_model_file_name_is_refused_at_load(models, tmp_path):
     (tmp_path / "repo/disguised/1/xgboost.json").write_bytes(pickle.dumps(["trees"]))
     log = tmp_path / "ferry.log"
     port = free_port()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--model-repository", str(tmp_path / "repo"),
+    command = [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path / "repo"),
                "--http-port", str(port), "--host", "127.0.0.1", "--log-format", "json"]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.trees_export import export_sklearn
+from workers.offline.trees_export import export_sklearn
 
 FEATURES = 8
 ROWS = 200

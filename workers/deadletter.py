@@ -29,7 +29,7 @@ from broker import channels
 from broker.envelope import ErrorInfo, Response
 from broker.errors import TransportError
 from broker.transport import Delivery, Transport
-from workers.formats import EnvelopeFormat, MessageFormat
+from workers.formats.envelope import EnvelopeFormat, MessageFormat
 from workers.telemetry import NO_OBSERVER, DeadLetterRecord, Observer
 
 log = structlog.get_logger("ferry.worker")

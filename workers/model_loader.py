@@ -15,10 +15,10 @@ from collections.abc import Callable
 import structlog
 
 from workers.errors import ModelLoadError, WorkerError
-from workers.fingerprint import fingerprint
 from workers.model_set import Served
-from workers.overrides import LoadOverrides, Materialized, materialize
-from workers.repository import ModelEntry, ModelRepository
+from workers.repository.fingerprint import fingerprint
+from workers.repository.layout import ModelEntry, ModelRepository
+from workers.repository.overrides import LoadOverrides, Materialized, materialize
 from workers.runner import Runner
 from workers.warmup import warm_up
 

@@ -19,9 +19,9 @@ import structlog
 
 from workers.decimal_text import ascii_int
 from workers.errors import ModelNotFound
-from workers.fingerprint import Fingerprint
-from workers.overrides import Materialized
-from workers.repository import ModelEntry
+from workers.repository.fingerprint import Fingerprint
+from workers.repository.layout import ModelEntry
+from workers.repository.overrides import Materialized
 from workers.runner import Runner
 
 log = structlog.get_logger("ferry.models")

@@ -25,10 +25,10 @@ from workers.backends import Backend, ModelContext, create_backend
 from workers.batching.driver import DynamicBatcher
 from workers.batching.forming import BatchPolicy
 from workers.batching.tensors import batch_key, merge, rows_of, split
-from workers.config import ModelConfig
 from workers.datatypes import encode_array
 from workers.errors import ExecutionError, ModelLoadError, RequestTimeout, WorkerError
-from workers.repository import ModelEntry
+from workers.repository.config import ModelConfig
+from workers.repository.layout import ModelEntry
 from workers.sequences.batcher import SequenceBatcher, SequenceSpec
 from workers.sequences.state import LocalStates, StateStore, initial_states
 from workers.sequences.table import SequencePolicy

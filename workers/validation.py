@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from broker.envelope import WireTensor
-from workers.config import ModelConfig, TensorConfig
 from workers.datatypes import decode_array
 from workers.errors import InvalidInput, TensorError
+from workers.repository.config import ModelConfig, TensorConfig
 
 
 def prepare_inputs(config: ModelConfig, tensors: Sequence[WireTensor]) -> dict[str, np.ndarray]:

@@ -13,12 +13,12 @@ import numpy as np
 import structlog
 
 from broker.envelope import Request, WireTensor
-from workers.config import ModelConfig
 from workers.datatypes import decode_array, element_count, join_bytes, numpy_dtype
 from workers.errors import ModelLoadError
+from workers.repository.config import ModelConfig
+from workers.repository.safe_paths import inside
+from workers.repository.warmup_config import WARMUP_DIR, WarmupInput, WarmupSample
 from workers.runner import Runner
-from workers.safe_paths import inside
-from workers.warmup_config import WARMUP_DIR, WarmupInput, WarmupSample
 
 log = structlog.get_logger("ferry.warmup")
 

@@ -44,7 +44,6 @@ Where Kafka differs from Redis Streams, and what this transport does:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -53,8 +52,8 @@ from typing import Any
 
 import structlog
 
-from broker.errors import TransportClosed, translated
 from broker.transport import Delivery, Headers
+from broker.transports.base import BaseTransport
 from broker.transports.kafka_api import (
     FAST_CRC, KafkaAdminClient, KafkaConnectionError, KafkaError, KafkaProducer, OffsetSpec,
     TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError, reachable,
@@ -74,8 +73,12 @@ COORDINATOR_BACKOFF_S = 0.2
 OWN_HEADERS = frozenset({ATTEMPTS_HEADER, KEY_HEADER})
 
 
-class KafkaTransport:
+class KafkaTransport(BaseTransport):
+    service = "kafka"
+    foreign_errors = (KafkaError,)
+
     def __init__(self, settings: KafkaSettings | str) -> None:
+        super().__init__()
         self._settings = KafkaSettings.from_url(settings) if isinstance(settings, str) else settings
         if not FAST_CRC:
             log.warning("kafka.slow_crc", hint="install kafka-python[crc32c]: records are checksummed in pure Python")
@@ -89,28 +92,15 @@ class KafkaTransport:
         self._topics: set[str] = set()
         self._warm: dict[str, tuple[int, ...]] = {}  # topic -> its partitions, once the producer knows them
         self._turns: dict[str, int] = {}
-        self._closed = False
-
-    async def __aenter__(self) -> KafkaTransport:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
         return await self._send(channel, payload, None if key is None else key.encode(), headers)
 
-    async def fetch(
-        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
-    ) -> list[Delivery]:
-        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
-
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
     ) -> list[Delivery]:
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             for channel in channels:
                 await self._ensure_topic(self._topic(channel))
             member = self._member(group, consumer, channels)
@@ -132,8 +122,7 @@ class KafkaTransport:
         """Deletes records (DeleteRecords) so that each partition keeps its
         share of ``max_count``, its newest; with records spread round robin,
         those are the channel's newest."""
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             return int(await self._blocking(self._cap, self._topic(channel), max(0, max_count)))
 
     async def claim_stale(
@@ -160,8 +149,7 @@ class KafkaTransport:
 
     async def backlog(self, channel: str, group: str) -> tuple[int, int]:
         """(not yet delivered, delivered but not acked), as the module docstring qualifies."""
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             bases = await self._blocking(self._group_lag_bases, self._topic(channel), self._topic(group))
         if bases is None:
             return 0, 0
@@ -179,23 +167,13 @@ class KafkaTransport:
         unread = sum(max(0, end - base) for base, end in bases.values())
         return max(0, unread - in_flight), pending
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _shut_down(self) -> None:
         members, self._members = list(self._members.values()), {}
         await asyncio.gather(*(member.aclose() for member in members), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(self._io, self._close_clients)
         self._io.shutdown(wait=False)
 
     # -- helpers -------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportClosed("kafka transport is closed")
-
-    def _edge(self) -> contextlib.AbstractContextManager[None]:
-        return translated(KafkaError, "kafka", lambda: self._closed)
 
     async def _blocking(self, call: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
@@ -213,11 +191,10 @@ class KafkaTransport:
         return self._settings.namespace + name
 
     async def _send(self, channel: str, payload: bytes, key: bytes | None, headers: Headers) -> str:
-        self._check_open()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
         topic = self._topic(channel)
-        with self._edge():
+        with self._guarded():
             await self._ensure_topic(topic)
             if topic not in self._warm:
                 # The first send to a topic waits for its metadata; later ones only append to a buffer.

@@ -44,6 +44,7 @@ from broker.transports.kafka_api import (
     CooperativeStickyAssignor, KafkaConsumer, KafkaError, MemberState,
     KafkaConnectionError, OffsetAndMetadata, TopicPartition, reachable,
 )  # fmt: skip
+from broker.transports.base import wait_at_most
 from broker.transports.kafka_inbox import Inbox, Partition, Record
 from broker.transports.kafka_rebalance import Rebalance, commit_offsets
 from broker.transports.kafka_marks import KEY_HEADER, decode_mark, header_attempts
@@ -145,10 +146,7 @@ class GroupMember:
         waiter = self._loop.create_future()
         self._waiters.add(waiter)
         try:
-            async with asyncio.timeout(timeout_s):
-                await waiter
-        except TimeoutError:
-            pass
+            await wait_at_most(waiter, timeout_s)
         finally:
             self._waiters.discard(waiter)
 

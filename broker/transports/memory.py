@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.errors import TransportClosed
 from broker.transport import Delivery, Headers
+from broker.transports.base import BaseTransport, wait_at_most
 
 
 @dataclass(slots=True)
@@ -47,17 +47,13 @@ class _Channel:
         return self.first_seq + len(self.log)
 
 
-class MemoryTransport:
+class MemoryTransport(BaseTransport):
+    service = "memory"
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self._channels: dict[str, _Channel] = {}
         self._clock = clock
-        self._closed = False
-
-    async def __aenter__(self) -> MemoryTransport:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
@@ -67,11 +63,6 @@ class MemoryTransport:
         state.log.append((bytes(payload), tuple(headers)))
         self._wake(state)
         return str(seq)
-
-    async def fetch(
-        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
-    ) -> list[Delivery]:
-        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
 
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
@@ -160,14 +151,9 @@ class MemoryTransport:
         if entry is not None:
             entry.delivered_at = float("-inf")
 
-    async def aclose(self) -> None:
-        self._closed = True
+    async def _shut_down(self) -> None:
         for state in self._channels.values():
             self._wake(state)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportClosed("memory transport is closed")
 
     def _channel(self, name: str) -> _Channel:
         state = self._channels.get(name)
@@ -200,10 +186,7 @@ class MemoryTransport:
         for state in states:
             state.waiters.append(waiter)
         try:
-            async with asyncio.timeout(timeout_s):
-                await waiter
-        except TimeoutError:
-            pass
+            await wait_at_most(waiter, timeout_s)
         finally:
             for state in states:
                 if waiter in state.waiters:

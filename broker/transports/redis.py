@@ -19,15 +19,15 @@ dropped. (A group created *after* a trim starts from what is left.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from broker.errors import TransportClosed, translated
+from broker.errors import TransportClosed
 from broker.transport import Delivery, Headers
+from broker.transports.base import BaseTransport
 
 PAYLOAD_FIELD = b"d"
 # Each header is a field of its own, named "h.<header>".
@@ -64,8 +64,12 @@ return redis.call('XTRIM', KEYS[1], 'MINID', floor)
 MAX_CLAIM_ROUNDS = 100
 
 
-class RedisTransport:
+class RedisTransport(BaseTransport):
+    service = "redis"
+    foreign_errors = (RedisError,)
+
     def __init__(self, url: str) -> None:
+        super().__init__()
         # A pool of our own: each concurrent command takes its own connection,
         # so a fetch blocked in XREADGROUP never holds up a publish.
         # RESP2 pins the reply shapes parsed below.
@@ -79,34 +83,20 @@ class RedisTransport:
         self._redis = aioredis.Redis(connection_pool=self._pool)
         self._groups: set[tuple[str, str]] = set()
         self._reads: set[asyncio.Task[Any]] = set()
-        self._closed = False
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
-
-    async def __aenter__(self) -> RedisTransport:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
-        self._check_open()
         fields: dict[bytes, bytes] = {HEADER_PREFIX + name.encode(): bytes(value) for name, value in headers}
         fields[PAYLOAD_FIELD] = bytes(payload)
-        with self._edge():
+        with self._guarded():
             message_id = await self._redis.xadd(channel, fields)  # type: ignore[arg-type]
         return _text(message_id)
-
-    async def fetch(
-        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
-    ) -> list[Delivery]:
-        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
 
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
     ) -> list[Delivery]:
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             for channel in channels:
                 await self._ensure_group(channel, group)
             # With several channels, look at each in order without waiting, so
@@ -120,26 +110,22 @@ class RedisTransport:
         return self._deliveries(reply, group, consumer)
 
     async def ack(self, delivery: Delivery) -> None:
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             await self._redis.xack(delivery.channel, delivery.group, delivery.message_id)
 
     async def trim(self, channel: str) -> int:
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             return int(await self._trim_acked(keys=[channel]))
 
     async def cap(self, channel: str, max_count: int) -> int:
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             # Exact, not MAXLEN ~: an approximate trim keeps up to a whole radix
             # node (100 entries) more, and a capped stream is small anyway.
             return int(await self._redis.xtrim(channel, maxlen=max(0, max_count), approximate=False))
 
     async def release(self, delivery: Delivery) -> None:
         """Make an unacked delivery claimable at once, keeping its delivery count."""
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             await self._redis.xclaim(
                 delivery.channel, delivery.group, delivery.consumer or "released", 0, [delivery.message_id],
                 idle=RELEASED_IDLE_MS, retrycount=delivery.attempts, justid=True,
@@ -149,8 +135,7 @@ class RedisTransport:
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int
     ) -> list[Delivery]:
         """Take over pending entries idle for at least ``min_idle_s``."""
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             try:
                 entries = await self._autoclaim(channel, group, consumer, min_idle_s, max_count)
             except ResponseError as exc:
@@ -168,8 +153,7 @@ class RedisTransport:
 
     async def backlog(self, channel: str, group: str) -> tuple[int, int]:
         """(messages not yet delivered, delivered but not acked) for a group."""
-        self._check_open()
-        with self._edge():
+        with self._guarded():
             try:
                 groups = await self._redis.xinfo_groups(channel)
             except ResponseError as exc:
@@ -181,10 +165,7 @@ class RedisTransport:
                 return int(await self._redis.xlen(channel)), 0
             return await self._lag(channel, info), int(info["pending"])
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _shut_down(self) -> None:
         # Blocked reads would otherwise hold their connections until BLOCK
         # expires; cancelling them lets fetch report TransportClosed at once.
         reads = list(self._reads)
@@ -193,13 +174,6 @@ class RedisTransport:
         await asyncio.gather(*reads, return_exceptions=True)
         await self._redis.aclose()
         await self._pool.aclose()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportClosed("redis transport is closed")
-
-    def _edge(self) -> contextlib.AbstractContextManager[None]:
-        return translated(RedisError, "redis", lambda: self._closed)
 
     async def _ensure_group(self, channel: str, group: str) -> None:
         if (channel, group) in self._groups:

@@ -7,7 +7,7 @@ import contextlib
 import io
 from urllib.parse import urlsplit
 
-from gateway.cli import build_parser
+from ferry.cli.main import build_parser
 
 
 class BadCommand(AssertionError):

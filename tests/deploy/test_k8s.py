@@ -11,7 +11,7 @@ import pytest
 
 from broker import channels
 from tests.deploy.manifests import ROOT, k8s_documents, k8s_files, validate_k8s, validate_keda
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.worker import WorkerSettings
 
 

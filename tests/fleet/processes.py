@@ -223,7 +223,7 @@ class ProcessFleet:
         return "\n".join(process.describe() for process in self.processes)
 
     def _command(self, role: str, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "gateway.cli", role, "--broker", self.broker_url,
+        return [sys.executable, "-m", "ferry.cli.main", role, "--broker", self.broker_url,
                 "--model-repository", str(self.repository), "--log-format", "json", *extra]
 
 

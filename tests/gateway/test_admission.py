@@ -8,7 +8,7 @@ from broker import channels
 from broker.transports.memory import MemoryTransport
 from gateway.admission import QueueLimits
 from gateway.errors import QueueFull
-from workers.config import ModelConfig
+from workers.repository.config import ModelConfig
 
 
 def config(max_queue_size: int, levels: int = 0) -> ModelConfig:

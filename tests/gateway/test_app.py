@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.embedded import ServeSettings, build_app
+from ferry.wiring.serve import build_app
+from ferry.wiring.settings import ServeSettings
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"
 

@@ -12,7 +12,8 @@ import pytest
 from broker.errors import TransportError
 from gateway.dashboard_data import Sample, WorkerSnapshot, pending, window, worker_windows
 from gateway.dashboard_sampler import DashboardSettings, StatsSampler
-from gateway.embedded import ServeSettings, build_app
+from ferry.wiring.serve import build_app
+from ferry.wiring.settings import ServeSettings
 from workers.heartbeat import Beat
 from workers.telemetry.stats import StatsBook
 from workers.telemetry.timeline import BatchRecord, Timeline

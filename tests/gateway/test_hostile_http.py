@@ -340,6 +340,6 @@ def test_a_client_that_hangs_up_mid_body_is_logged_at_info_without_a_traceback(s
 
 def test_the_connection_flags_are_validated_naming_the_flag(tmp_path):
     for flag, value in (("--header-timeout-s", "0"), ("--body-timeout-s", "-1"), ("--max-connections", "0")):
-        result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--model-repository", str(tmp_path),
+        result = subprocess.run([sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path),
                                  flag, value], capture_output=True, timeout=60)
         assert result.returncode != 0 and flag.encode() in result.stderr, result.stderr

@@ -28,7 +28,7 @@ from broker.replies import ReplyRouter
 from gateway.service import InferenceService
 from gateway.v2_codec import RequestedOutput
 from tests.redis_server import flushdb
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.worker import Worker
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"

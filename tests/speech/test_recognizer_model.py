@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.speech.audio import ESPEAK, chunks, silence, speak
-from workers.config import parse_config_file
+from workers.repository.config_file import parse_config_file
 
 pytest.importorskip("pocketsphinx", reason="the speech model needs pocketsphinx 5 (pip install pocketsphinx)")
 if ESPEAK is None:

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 import websockets
 
-from gateway.speech_client import SpeechSession, Transcript, stream_samples
+from ferry.speech_client import SpeechSession, Transcript, stream_samples
 from tests.fleet.processes import Fleet, FerryProcess
 from tests.redis_server import flushdb
 from tests.speech.audio import ESPEAK, silence, speak, write_wav
@@ -233,7 +233,7 @@ def test_ferry_speech_streams_a_wav_file_and_prints_the_transcript(
     with wave.open(str(narrow), "wb") as out:
         out.setnchannels(1), out.setsampwidth(2), out.setframerate(8000)
         out.writeframes(np.zeros(800, "<i2").tobytes())
-    command = [sys.executable, "-m", "gateway.cli", "speech", "--broker", clean_redis]
+    command = [sys.executable, "-m", "ferry.cli.main", "speech", "--broker", clean_redis]
     with Fleet(clean_redis, repo, tmp_path) as fleet:
         fleet.worker("w1", *WORKER_OPTIONS)
         shown = subprocess.run([*command, str(wav)], capture_output=True, text=True, timeout=120)

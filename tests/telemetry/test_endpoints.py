@@ -12,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.embedded import ServeSettings, build_app
-from gateway.worker_http import WorkerHealth, WorkerHttp, worker_http_app
+from ferry.wiring.serve import build_app
+from ferry.wiring.settings import ServeSettings
+from ferry.wiring.worker_http import WorkerHealth, WorkerHttp, worker_http_app
 from tests.servers import free_port
 from workers.telemetry.prometheus import StatsCollector
 from workers.telemetry.settings import TelemetrySettings

@@ -57,7 +57,7 @@ def queue_key(name: str, model: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def ferry_lag(broker: str, repo: Path, *extra: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "lag", "--broker", broker,
+    done = subprocess.run([sys.executable, "-m", "ferry.cli.main", "lag", "--broker", broker,
                            "--model-repository", str(repo), *extra],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

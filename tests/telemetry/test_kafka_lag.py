@@ -30,7 +30,7 @@ def v2_body() -> bytes:
 
 
 def ferry_lag(fleet: KafkaFleet) -> dict[str, tuple[int, int]]:
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "lag", "--broker", fleet.broker_url,
+    done = subprocess.run([sys.executable, "-m", "ferry.cli.main", "lag", "--broker", fleet.broker_url,
                            "--model-repository", str(fleet.repository), "--format", "json"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

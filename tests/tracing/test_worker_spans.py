@@ -108,7 +108,8 @@ def test_exporter_none_opens_nothing_and_imports_no_provider(tmp_path: Path) -> 
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from gateway.embedded import ServeSettings, build_app\n"
+        "from ferry.wiring.serve import build_app\n"
+        "from ferry.wiring.settings import ServeSettings\n"
         f"build_app(ServeSettings(Path({str(tmp_path)!r})))\n"
         "print('workers.telemetry.tracing.provider' in sys.modules, 'opentelemetry.sdk.trace' in sys.modules)\n"
     )

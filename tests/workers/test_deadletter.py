@@ -21,7 +21,7 @@ from broker.transport import Delivery, Transport
 from broker.transports import open_transport
 from tests.brokers import BROKERS, broker_url
 from workers.deadletter import MAX_REASON_BYTES, MIN_LETTER_BYTES, DeadLetterSettings, encode_dead_letter
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.telemetry.prometheus import StatsCollector
 from workers.telemetry.stats import StatsBook
 from workers.worker import Worker, WorkerSettings

@@ -11,7 +11,7 @@ import numpy as np
 
 from broker.envelope import Request, WireTensor
 from workers.backends.base import ModelContext
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.runner import ModelRunner
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"

@@ -13,7 +13,7 @@ import pytest
 from broker import channels
 from broker.envelope import Request, WireTensor, decode_response, encode_request
 from broker.transports.memory import MemoryTransport
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"

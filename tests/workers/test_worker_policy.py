@@ -20,7 +20,7 @@ from gateway.jobs.replies import JobReplyConsumer
 from tests.models import write_python_model
 from tests.workers.test_worker import next_messages
 from workers.recovery import RecoverySettings
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
 REPLIES = "ferry.replies.test"

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from workers.config import InstanceGroup, ModelConfig
+from workers.repository.config import InstanceGroup, ModelConfig
 
 
 @dataclass(frozen=True, slots=True)

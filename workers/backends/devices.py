@@ -8,7 +8,7 @@ round-robin. A group that lists none spreads them over every visible GPU
 
 from __future__ import annotations
 
-from workers.config import InstanceGroup
+from workers.repository.config import InstanceGroup
 
 GPU_KINDS = frozenset({"KIND_GPU", "KIND_AUTO"})
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from workers.backends.devices import gpu_device
-from workers.config import InstanceGroup, ModelConfig
 from workers.errors import ModelLoadError
-from workers.optimization_config import Accelerator, Optimization
+from workers.repository.config import InstanceGroup, ModelConfig
+from workers.repository.optimization_config import Accelerator, Optimization
 
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"

@@ -29,9 +29,9 @@ from workers.backends.base import ModelContext
 from workers.backends.devices import gpu_device
 from workers.backends.torch_archives import check_exported_program, check_graph_targets, check_torchscript, read_archive
 from workers.backends.torch_binding import input_order, outputs_by_name, to_numpy, to_torch
-from workers.config import InstanceGroup
 from workers.datatypes import datatype_of
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError
+from workers.repository.config import InstanceGroup
 
 log = structlog.get_logger("ferry.backend.pytorch")
 

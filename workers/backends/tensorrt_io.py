@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from workers.config import ModelConfig, TensorConfig
 from workers.datatypes import element_count
 from workers.errors import InvalidInput, ModelLoadError
+from workers.repository.config import ModelConfig, TensorConfig
 
 # ``tensorrt.DataType`` member names -> Triton datatypes. FP8, INT4 and FP4
 # exist only inside engines; no Triton datatype carries them in or out.

@@ -85,7 +85,7 @@ def fil_model_filename(raw_config: Mapping[str, Any]) -> str:
     if isinstance(given, str) and given:
         if Path(given).suffix.lower() in _PICKLE_SUFFIXES:
             raise ValueError(f"default_model_filename: {given!r} is a pickle, which ferry never loads; "
-                             "export the model as a Treelite checkpoint (see workers/trees_export.py)")
+                             "export the model as a Treelite checkpoint (see workers/offline/trees_export.py)")
         return given
     entries = raw_config.get("parameters") or []
     entries = entries if isinstance(entries, list) else [entries]
@@ -107,7 +107,7 @@ def refuse_pickle(path: Path) -> None:
     if is_pickle or path.suffix.lower() in _PICKLE_SUFFIXES:
         raise ModelLoadError(
             f"{path}: looks like a Python pickle; ferry never unpickles models. Export scikit-learn "
-            "forests as a Treelite checkpoint (python -m workers.trees_export MODEL.pkl checkpoint.tl, "
+            "forests as a Treelite checkpoint (python -m workers.offline.trees_export MODEL.pkl checkpoint.tl, "
             "run where you trust the pickle) and set model_type to treelite_checkpoint")
 
 

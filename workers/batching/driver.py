@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from workers.batching.forming import BatchPolicy, BatchQueue, Pending
+from workers.batching.waking import sleep_until
 from workers.errors import ExecutionError, RequestTimeout
 
 T = TypeVar("T")
@@ -99,16 +100,7 @@ class DynamicBatcher(Generic[T, R]):
                 if live:
                     return live
                 continue
-            await self._sleep_until(self._queue.next_due(now))
-
-    async def _sleep_until(self, due: float | None) -> None:
-        self._wakeup.clear()
-        timeout = None if due is None else max(0.0, due - self._clock())
-        try:
-            async with asyncio.timeout(timeout):
-                await self._wakeup.wait()
-        except TimeoutError:
-            pass
+            await sleep_until(self._queue.next_due(now), self._wakeup, self._clock)
 
     async def _execute(self, batch: list[Pending[tuple[T, asyncio.Future[R]]]]) -> None:
         try:

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Protocol
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from workers.errors import ConfigError
-from workers.pbtxt import map_entries
+from workers.repository.pbtxt import map_entries
 
 PLATFORM = "ensemble"
 LATEST = -1

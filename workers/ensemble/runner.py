@@ -22,11 +22,11 @@ import structlog
 
 from broker import channels
 from broker.envelope import ParamValue, Request, Response, WireTensor
-from workers.config import ModelConfig
 from workers.ensemble.caller import StepCaller
 from workers.ensemble.plan import TOTAL_LATENCY, Plan, PlannedStep, StepFailure, run_plan
 from workers.errors import ExecutionError, ModelLoadError, StepError, WorkerError
-from workers.repository import ModelEntry
+from workers.repository.config import ModelConfig
+from workers.repository.layout import ModelEntry
 from workers.runner import Clocks, error_of
 from workers.telemetry import Timeline
 from workers.validation import check_outputs, prepare_inputs

@@ -19,8 +19,9 @@ import numpy as np
 import structlog
 
 from workers.batching.tensors import batch_key, merge, rows_of, split
+from workers.batching.waking import sleep_until
 from workers.errors import ExecutionError, SequenceError, SessionLost
-from workers.sequence_config import SequenceBatching
+from workers.sequences.config import SequenceBatching
 from workers.sequences.controls import RowControl, check_sequence_id, control_tensors
 from workers.sequences.state import LOST, Checkpoint, LocalStates, SequenceId, StateStore, Tensors
 from workers.sequences.table import Batch, Sequence, SequencePolicy, SequenceTable, Step
@@ -147,16 +148,7 @@ class SequenceBatcher:
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
                 continue
-            await self._sleep_until(self._table.next_due(now))
-
-    async def _sleep_until(self, due: float | None) -> None:
-        self._wakeup.clear()
-        timeout = None if due is None else max(0.0, due - self._clock())
-        try:
-            async with asyncio.timeout(timeout):
-                await self._wakeup.wait()
-        except TimeoutError:
-            pass
+            await sleep_until(self._table.next_due(now), self._wakeup, self._clock)
 
     async def _execute(self, batch: Batch[_Work]) -> None:
         try:

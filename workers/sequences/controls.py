@@ -13,7 +13,7 @@ import numpy as np
 
 from workers.datatypes import numpy_dtype
 from workers.errors import SequenceError
-from workers.sequence_config import Control, SequenceBatching
+from workers.sequences.config import Control, SequenceBatching
 
 SequenceId = int | str
 
@@ -73,11 +73,11 @@ def check_sequence_id(batching: SequenceBatching, sequence_id: SequenceId) -> No
 
 def _flag(control: Control, value: bool) -> object:
     pair = control.false_true()
-    assert pair is not None, "validated by sequence_config.check"
+    assert pair is not None, "validated by sequences.config.check"
     return pair[1][1] if value else pair[1][0]
 
 
 def _flag_dtype(control: Control) -> np.dtype:
     pair = control.false_true()
-    assert pair is not None, "validated by sequence_config.check"
+    assert pair is not None, "validated by sequences.config.check"
     return numpy_dtype(pair[0])

@@ -19,8 +19,8 @@ import numpy as np
 
 from workers.datatypes import decode_array, encode_array, numpy_dtype
 from workers.errors import ConfigError
-from workers.safe_paths import inside
-from workers.sequence_config import SequenceBatching, State
+from workers.repository.safe_paths import inside
+from workers.sequences.config import SequenceBatching, State
 
 Tensors = dict[str, np.ndarray]
 SequenceId = int | str

@@ -21,7 +21,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from workers.sequence_config import SequenceBatching
+from workers.sequences.config import SequenceBatching
 
 T = TypeVar("T")
 SequenceId = int | str

@@ -16,7 +16,7 @@ from broker import channels
 from broker.errors import TransportClosed
 from broker.transport import Transport
 from workers.model_set import ModelSet
-from workers.sessions import SessionRouting
+from workers.sequences.sessions import SessionRouting
 from workers.worker.credit import Credit, InFlight
 from workers.worker.settings import WorkerSettings
 

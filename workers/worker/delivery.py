@@ -10,7 +10,7 @@ must not be computed.
 A step of a stateful model's sequence is handled under its sequence's lock,
 so one sequence's steps keep their order; ``SessionRouting`` says whether it
 is handled here or forwarded to the worker holding the sequence (see
-``workers.sessions``). Such steps are never released for a retry elsewhere:
+``workers.sequences.sessions``). Such steps are never released for a retry elsewhere:
 their state is here.
 
 The handler sees the models only through ``ServedModels``: the runner a
@@ -31,9 +31,9 @@ from broker.envelope import ErrorInfo, ParamValue, Request, Response
 from broker.errors import EnvelopeError, TransportError
 from broker.transport import Delivery
 from workers.errors import ModelNotFound
-from workers.formats import MessageFormat
+from workers.formats.envelope import MessageFormat
 from workers.runner import FINAL_FLAG, Responder, error_of
-from workers.sessions import CHANNEL_PARAMETER, SequenceLocks, SessionRouting
+from workers.sequences.sessions import CHANNEL_PARAMETER, SequenceLocks, SessionRouting
 from workers.telemetry import Observer, Timeline
 from workers.telemetry.timeline import CANCELLED, EXHAUSTED, REJECTED, RELEASED
 from workers.worker.replies import Replier

@@ -18,13 +18,13 @@ from broker.transport import Transport
 from workers.deadletter import DeadLetters
 from workers.ensemble.broker_caller import BrokerStepCaller
 from workers.ensemble.runner import EnsembleRunner
-from workers.formats import EnvelopeFormat, MessageFormat
+from workers.formats.envelope import EnvelopeFormat, MessageFormat
 from workers.model_loader import ModelLoader, RunnerFactory
 from workers.model_set import ModelSet, Served
-from workers.overrides import LoadOverrides
-from workers.repository import ModelEntry, ModelRepository, RepositoryIndex
+from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex
+from workers.repository.overrides import LoadOverrides
 from workers.runner import Clocks, ModelRunner, Runner
-from workers.sessions import LocalSessions, SessionRouting
+from workers.sequences.sessions import LocalSessions, SessionRouting
 from workers.telemetry import NO_OBSERVER, Observer
 from workers.worker.consumer import Channels, Consumer
 from workers.worker.credit import InFlight

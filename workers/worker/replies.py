@@ -13,7 +13,7 @@ from broker.envelope import ErrorInfo, Request, Response
 from broker.errors import TransportError
 from broker.transport import Delivery, Reclaiming, Transport
 from workers.deadletter import DeadLetters
-from workers.formats import MessageFormat
+from workers.formats.envelope import MessageFormat
 from workers.recovery import RETRIABLE_CODES, RecoverySettings, dead_letter_reason, exhausted, exhausted_error
 from workers.telemetry import Timeline
 from workers.telemetry.timeline import RELEASED

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from broker import channels
-from workers.control import ControlSettings
+from workers.control.messages import ControlSettings
 from workers.deadletter import DeadLetterSettings
 from workers.recovery import RecoverySettings
 

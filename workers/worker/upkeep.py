@@ -3,7 +3,7 @@
 It claims deliveries a dead consumer left pending on the request channels and
 handles them like fresh ones (see ``workers.recovery``), trims what every
 group has acked, and takes over dead workers' session channels (see
-``workers.sessions``), handling what they left pending before reading
+``workers.sequences.sessions``), handling what they left pending before reading
 anything new there.
 """
 
@@ -17,7 +17,7 @@ from broker import channels
 from broker.errors import TransportClosed, TransportError
 from broker.transport import Reclaiming, Transport
 from workers.model_set import ModelSet
-from workers.sessions import SessionRouting
+from workers.sequences.sessions import SessionRouting
 from workers.worker.consumer import Active, Channels
 from workers.worker.credit import InFlight
 from workers.worker.settings import WorkerSettings

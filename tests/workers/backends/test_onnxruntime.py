@@ -10,9 +10,9 @@ from tests.workers.backends.gpus import no_gpu_reason
 from workers.backends.base import ModelContext
 from workers.backends.onnxruntime import OnnxRuntimeBackend
 from workers.backends.onnxruntime_providers import choose_providers
-from workers.config import InstanceGroup
 from workers.errors import ModelLoadError
-from workers.repository import ModelRepository
+from workers.repository.config import InstanceGroup
+from workers.repository.layout import ModelRepository
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
 

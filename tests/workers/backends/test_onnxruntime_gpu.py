@@ -15,10 +15,10 @@ from tests.workers.backends.gpus import no_gpu_reason
 from workers.backends.base import ModelContext
 from workers.backends.onnxruntime import OnnxRuntimeBackend
 from workers.backends.onnxruntime_providers import check_active, choose_providers, tensorrt_options
-from workers.config import InstanceGroup
 from workers.errors import ModelLoadError
-from workers.optimization_config import Accelerator
-from workers.repository import ModelRepository
+from workers.repository.config import InstanceGroup
+from workers.repository.layout import ModelRepository
+from workers.repository.optimization_config import Accelerator
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
 ALL = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]

@@ -11,9 +11,9 @@ from tests.torch_models import (SmallCnn, framework_config, version_dir, write_o
                                 write_onnx_from_torch, write_openvino_ir)
 from workers.backends.base import ModelContext
 from workers.backends.openvino import OpenVinoBackend
-from workers.config import InstanceGroup
 from workers.errors import ModelLoadError
-from workers.repository import ModelRepository
+from workers.repository.config import InstanceGroup
+from workers.repository.layout import ModelRepository
 
 CNN_IO = dict(inputs=[("IMAGE", "TYPE_FP32", [3, 16, 16])], outputs=[("LOGITS", "TYPE_FP32", [10])])
 OPENVINO = 'backend: "openvino"'

@@ -15,9 +15,9 @@ import torch
 from tests.torch_models import Affine, Classifier, Types, framework_config, write_exported, write_torchscript
 from workers.backends.base import ModelContext
 from workers.backends.pytorch import PyTorchBackend, choose_device
-from workers.config import InstanceGroup
 from workers.errors import ConfigError, ExecutionError, ModelLoadError
-from workers.repository import ModelRepository
+from workers.repository.config import InstanceGroup
+from workers.repository.layout import ModelRepository
 
 AFFINE_IO = dict(
     inputs=[("x", "TYPE_FP32", [4]), ("scale", "TYPE_FP32", [1])],

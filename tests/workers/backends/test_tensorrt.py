@@ -23,9 +23,9 @@ from workers.backends.tensorrt_io import (
     choose_profile,
     triton_datatype,
 )
-from workers.config import ModelConfig
 from workers.datatypes import numpy_dtype
 from workers.errors import InvalidInput, ModelLoadError
+from workers.repository.config import ModelConfig
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
 IMAGE = (3, 128, 128)
@@ -165,7 +165,7 @@ def test_the_cuda_runtime_explains_a_machine_without_gpus():
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from workers.tensorrt_build import BatchRange, BuildSettings, build_engine
+    from workers.offline.tensorrt_build import BatchRange, BuildSettings, build_engine
 
     folder = tmp_path_factory.mktemp("engines")
     onnx_file = MODEL_REPO / "cnn/1/model.onnx"

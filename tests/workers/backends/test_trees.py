@@ -12,9 +12,9 @@ from tests.tree_models import FEATURES, TrainedTree, sample, train_models, write
 from workers.backends.base import ModelContext
 from workers.backends.tree_onnx import float32_threshold
 from workers.backends.trees import AUTO_RUNTIMES, TreeBackend
-from workers.config import InstanceGroup
 from workers.errors import ConfigError, InvalidInput, ModelLoadError
-from workers.repository import ModelRepository
+from workers.repository.config import InstanceGroup
+from workers.repository.layout import ModelRepository
 
 RUNTIMES_FOR = {
     "xgboost": ("native", "gtil", "tl2cgen", "onnx"),

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from workers.config import load_config
 from workers.ensemble.config import step_errors
 from workers.ensemble.plan import Plan
 from workers.errors import ConfigError
-from workers.pbtxt import parse
-from workers.repository import ModelRepository
+from workers.repository.config_file import load_config
+from workers.repository.layout import ModelRepository
+from workers.repository.pbtxt import parse
 
 PATH = Path("/repo/e/config.pbtxt")
 

@@ -17,7 +17,7 @@ from broker.envelope import Request, Response, WireTensor, decode_request, encod
 from broker.replies import ReplyRouter
 from broker.transports.memory import MemoryTransport
 from workers.ensemble.broker_caller import owner_id
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.worker import Worker, WorkerSettings
 
 UNARY = '''

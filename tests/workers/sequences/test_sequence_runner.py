@@ -11,7 +11,7 @@ import pytest
 
 from broker.envelope import Request, WireTensor
 from workers.errors import SequenceError
-from workers.repository import ModelRepository
+from workers.repository.layout import ModelRepository
 from workers.runner import ModelRunner
 from tests.workers.sequences.accumulator import step, write_accumulator
 

@@ -9,7 +9,7 @@ with it (``gateway.tracing``), and a worker turns each sampled request's
 
 The trace context travels in the request envelope's ``trace`` map as W3C
 ``traceparent`` / ``tracestate``; a message put on a topic by another producer
-may carry them as headers instead (``workers.formats``).
+may carry them as headers instead (``workers.formats.envelope``).
 """
 
 from __future__ import annotations

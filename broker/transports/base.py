@@ -1,0 +1,73 @@
+"""What every transport does alike: it is an async context manager, ``fetch``
+is ``fetch_first`` over one channel, once closed it refuses every call, and
+its client library's errors leave it as ``broker.errors`` (``_guarded``).
+
+The seam is the ``Transport`` Protocol in ``broker.transport``; this class
+only spares each implementation from writing these lines again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import ClassVar, Self
+
+from broker.errors import TransportClosed, translated
+from broker.transport import Delivery
+
+
+class BaseTransport(ABC):
+    service: ClassVar[str]  # names the transport in errors: "redis transport is closed"
+    foreign_errors: ClassVar[tuple[type[BaseException], ...]] = ()  # the client library's, for _guarded
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def fetch(
+        self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]:
+        return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
+
+    @abstractmethod
+    async def fetch_first(
+        self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
+    ) -> list[Delivery]: ...
+
+    async def aclose(self) -> None:
+        """Refuse further calls, then shut down; closing twice closes once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._shut_down()
+
+    @abstractmethod
+    async def _shut_down(self) -> None:
+        """Release what the transport holds, waking any call waiting on it."""
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"{self.service} transport is closed")
+
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """Refuse if closed, and translate ``foreign_errors`` raised inside."""
+        self._check_open()
+        with translated(self.foreign_errors, self.service, lambda: self._closed):
+            yield
+
+
+async def wait_at_most(waiter: asyncio.Future[None], timeout_s: float) -> None:
+    """Wait for ``waiter`` to be woken, or for ``timeout_s``, whichever comes first."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await waiter
+    except TimeoutError:
+        pass

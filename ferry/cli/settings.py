@@ -1,0 +1,94 @@
+"""The settings objects of each command, built once from its parsed options;
+a value no setting accepts ends the command with the flag that gave it."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from ferry.wiring.settings import ServeSettings, WorkerProcessSettings
+from gateway.app import HttpSettings
+from gateway.http_server import ConnectionLimits
+from gateway.management import ManagementSettings
+from gateway.management_http import Restriction
+from gateway.service import ServiceSettings
+from workers.control.messages import ControlSettings
+from workers.deadletter import DeadLetterSettings
+from workers.heartbeat import HeartbeatSettings
+from workers.recovery import RecoverySettings
+from workers.telemetry.settings import TelemetrySettings, TraceSettings
+from workers.worker import WorkerSettings
+
+
+def worker_process_settings(args: argparse.Namespace) -> WorkerProcessSettings:
+    return WorkerProcessSettings(
+        args.model_repository, args.broker, worker_settings(args), HeartbeatSettings(args.heartbeat_s),
+        job_store_url=args.job_store, session_store_url=args.session_store, telemetry=telemetry(args),
+    )
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    settings = ServeSettings(
+        model_repository=args.model_repository,
+        broker_url=args.broker,
+        http=HttpSettings(max_body_bytes=args.max_body_bytes),
+        service=ServiceSettings(channel_prefix=args.channel_prefix,
+                                route_sequences=urlsplit(args.broker).scheme == "redis"),
+        job_ttl_s=args.job_ttl_s,
+        job_store_url=args.job_store,
+        management=ManagementSettings(control(args), args.model_load_timeout_s),
+        telemetry=telemetry(args),
+    )
+    if args.http_restricted_api:
+        try:
+            restriction = Restriction.parse(args.http_restricted_api)
+        except ValueError as exc:
+            raise SystemExit(f"ferry: --http-restricted-api: {exc}") from None
+        settings = replace(settings, http=replace(settings.http, restriction=restriction))
+    if args.command != "serve":
+        return settings
+    return replace(settings, worker=worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s))
+
+
+def worker_settings(args: argparse.Namespace) -> WorkerSettings:
+    retry = args.retry_failures
+    if retry is None:
+        # Only on a shared broker can another worker take the retry.
+        retry = urlsplit(args.broker).scheme != "memory"
+    recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries, retry)
+    models = tuple(name.strip() for name in args.models.split(",") if name.strip())
+    settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
+                              control=control(args), dead_letters=dead_letters(args))
+    return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
+
+
+def dead_letters(args: argparse.Namespace) -> DeadLetterSettings:
+    try:
+        return DeadLetterSettings(args.dead_letter_max_count, args.dead_letter_max_bytes)
+    except ValueError as exc:
+        raise SystemExit(f"ferry: --dead-letter-max-count / --dead-letter-max-bytes: {exc}") from None
+
+
+def telemetry(args: argparse.Namespace) -> TelemetrySettings:
+    trace = TraceSettings(args.trace_exporter, args.trace_endpoint, args.trace_file, args.trace_rate)
+    worker_port = getattr(args, "metrics_port", 0) if args.command == "worker" else 0
+    return TelemetrySettings(metrics=args.metrics, metrics_host=getattr(args, "metrics_host", "0.0.0.0"),
+                             metrics_port=worker_port, backlog_interval_s=args.backlog_interval_s, trace=trace)
+
+
+def control(args: argparse.Namespace) -> ControlSettings:
+    names = tuple(name.strip() for name in args.load_model if name.strip())
+    return ControlSettings(args.model_control_mode, args.repository_poll_secs, names)
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    try:
+        return ConnectionLimits(header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                                max_connections=args.max_connections)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-")
+        raise SystemExit(f"ferry: {flag}: {error['msg']}") from None

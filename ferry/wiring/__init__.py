@@ -1,0 +1,1 @@
+"""Each process built once from its settings and run under one ``AsyncExitStack``."""

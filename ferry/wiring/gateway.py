@@ -1,0 +1,48 @@
+"""``ferry gateway``: the HTTP gateway alone on a shared broker. It learns which
+models are ready from the workers' heartbeats (``FleetReadiness``), and model
+control travels on the broker's control channel to every worker."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+
+from broker.transports import open_transport
+from ferry.wiring.lifecycle import close_later, start_all
+from ferry.wiring.gateway_side import GatewaySide, Sources
+from ferry.wiring.readiness import FleetReadiness
+from ferry.wiring.settings import ServeSettings
+from ferry.wiring.stores import live_workers, open_heartbeats, open_jobs_store
+from gateway.catalog import ModelCatalog
+from workers.control.client import ControlClient
+from workers.repository.layout import ModelRepository
+from workers.telemetry.tracing import GATEWAY_SERVICE, open_tracing
+
+
+def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> Starlette:
+    """The HTTP gateway alone; everything starts in its lifespan."""
+    transport = open_transport(settings.broker_url)
+    prefix = settings.service.channel_prefix
+    heartbeats = open_heartbeats(settings.broker_url, transport, settings.gateway_id, prefix)
+    assert heartbeats is not None, "a gateway alone needs a shared broker"
+    readiness = FleetReadiness(heartbeats, readiness_refresh_s)
+    catalog = ModelCatalog(ModelRepository(settings.model_repository), readiness,
+                           settings.management.control.expected_models)
+    store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s, prefix)
+    # The local id is never live here: a gateway alone waits on the fleet's heartbeats.
+    control = ControlClient(transport, settings.gateway_id, live_workers(heartbeats, ""), prefix)
+    tracing = open_tracing(settings.telemetry.trace, GATEWAY_SERVICE)
+    front = GatewaySide.build(settings, transport, catalog, store, control,
+                              Sources(readiness.workers, heartbeats.beats), tracing)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            close_later(stack, tracing, transport, heartbeats)
+            await start_all(stack, readiness)
+            await front.start(stack)
+            yield
+
+    return front.app(settings, lifespan)

@@ -1,0 +1,77 @@
+"""The gateway side of a process, built once for ``ferry serve`` and ``ferry gateway``.
+
+Both put an HTTP front door on the same objects: the reply router, the
+inference and job services, model control, metrics and the dashboard. What
+differs is only where readiness, live workers and their heartbeats come from,
+and those are passed in.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+
+from broker.replies import ReplyRouter
+from broker.transport import Transport
+from ferry.wiring.lifecycle import start_all
+from ferry.wiring.settings import ServeSettings
+from gateway.admission import QueueLimits
+from gateway.app import Lifespan, create_app
+from gateway.catalog import ModelCatalog
+from gateway.dashboard import Dashboard, build_dashboard
+from gateway.dashboard_sampler import WorkerBeats
+from gateway.jobs import JobService, JobSettings, JobStore, build_jobs
+from gateway.management import ModelManager
+from gateway.metrics import GatewayMetrics, LiveWorkers, gateway_metrics
+from gateway.service import InferenceService
+from gateway.tracing import gateway_tracer
+from workers.control.client import ControlClient
+from workers.telemetry.stats import StatsBook
+
+if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
+    from workers.telemetry.tracing.provider import Tracing
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """Where the gateway side learns about workers: the ids live now, their
+    beats for the dashboard, and, for ``ferry serve``, the local worker's stats."""
+
+    workers: LiveWorkers
+    beats: WorkerBeats
+    stats: StatsBook | None = None
+    local_worker: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySide:
+    router: ReplyRouter
+    service: InferenceService
+    jobs: JobService
+    manager: ModelManager
+    metrics: GatewayMetrics | None
+    dashboard: Dashboard
+
+    @classmethod
+    def build(cls, settings: ServeSettings, transport: Transport, catalog: ModelCatalog, store: JobStore,
+              control: ControlClient, sources: Sources, tracing: Tracing | None) -> GatewaySide:
+        prefix = settings.service.channel_prefix
+        router = ReplyRouter(transport, settings.gateway_id, prefix)
+        service = InferenceService(transport, router, catalog, settings.service,
+                                   limits=QueueLimits(transport, prefix), tracer=gateway_tracer(tracing))
+        jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
+        metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
+                                  sources.stats, sources.local_worker)
+        return cls(router, service, jobs, ModelManager(catalog, control, settings.management), metrics,
+                   build_dashboard(catalog, sources.beats, metrics))
+
+    def app(self, settings: ServeSettings, lifespan: Lifespan) -> Starlette:
+        return create_app(self.service, settings.http, lifespan, jobs=self.jobs, manager=self.manager,
+                          metrics=self.metrics, dashboard=self.dashboard)
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Start each part and have ``stack`` close it, in the reverse order."""
+        await start_all(stack, self.router, self.jobs, self.manager, self.metrics, self.dashboard)

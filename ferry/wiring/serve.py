@@ -1,0 +1,61 @@
+"""``ferry serve``: gateway, worker and broker in one process and one event loop.
+
+On a shared broker (``redis://`` or ``kafka://``) the worker also heartbeats, so gateways
+started elsewhere with ``ferry gateway`` count it as serving its models.
+
+Model control (``ServeSettings.management``) goes through the broker's control
+channel even in one process, so ``ferry serve`` loads and unloads exactly as a
+fleet does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+
+from broker.transport import Transport
+from broker.transports import open_transport
+from ferry.wiring.lifecycle import close_later, start_all
+from ferry.wiring.gateway_side import GatewaySide, Sources
+from ferry.wiring.settings import ServeSettings
+from ferry.wiring.stores import live_workers, open_heartbeats, open_jobs_store
+from ferry.wiring.worker_side import WorkerSide
+from gateway.catalog import ModelCatalog
+from gateway.dashboard import local_beats
+from workers.control.client import ControlClient
+from workers.repository.layout import ModelRepository
+from workers.telemetry.tracing import SERVE_SERVICE, open_tracing
+
+
+def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:
+    """The whole stack as an ASGI app; everything starts in its lifespan."""
+    transport = transport or open_transport(settings.broker_url)
+    prefix = settings.service.channel_prefix
+    repository = ModelRepository(settings.model_repository)
+    store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s, prefix)
+    tracing = open_tracing(settings.telemetry.trace, SERVE_SERVICE)
+    back = WorkerSide.build(transport, repository, settings.worker, settings.telemetry, tracing, job_gate=store)
+    worker, stats = back.worker, back.stats
+    heartbeats = open_heartbeats(settings.broker_url, transport, worker.worker_id, prefix)
+    heartbeat = None if heartbeats is None else back.heartbeat(heartbeats, settings.heartbeat)
+    catalog = ModelCatalog(repository, worker.ready_models, settings.management.control.expected_models)
+    control = ControlClient(transport, settings.gateway_id, live_workers(heartbeats, worker.worker_id), prefix)
+    beats = heartbeats.beats if heartbeats else local_beats(worker.worker_id, worker.ready_models,
+                                                             stats.to_wire if stats else None)
+    # The local worker is live while this process is; workers elsewhere have their own /metrics.
+    sources = Sources(lambda: (worker.worker_id,), beats, stats, worker.worker_id)
+    front = GatewaySide.build(settings, transport, catalog, store, control, sources, tracing)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            close_later(stack, tracing, transport, heartbeats)
+            await front.start(stack)
+            # On the in-memory broker nothing outlives the process: no drain.
+            await back.start(stack, catalog.index, drain=heartbeat is not None)
+            await start_all(stack, heartbeat)
+            yield
+
+    return front.app(settings, lifespan)

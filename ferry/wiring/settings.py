@@ -1,0 +1,45 @@
+"""What each process of ferry is started with, built once by the command line."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.app import HttpSettings
+from gateway.jobs import DEFAULT_TTL_S
+from gateway.management import ManagementSettings
+from gateway.service import ServiceSettings
+from workers.heartbeat import HeartbeatSettings
+from workers.telemetry.settings import TelemetrySettings
+from workers.worker import WorkerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """``ferry serve`` (gateway and worker) and ``ferry gateway`` (``worker`` unused)."""
+
+    model_repository: Path
+    broker_url: str = "memory://"
+    gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    http: HttpSettings = HttpSettings()
+    service: ServiceSettings = ServiceSettings()
+    worker: WorkerSettings = WorkerSettings()
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
+    job_ttl_s: float = DEFAULT_TTL_S
+    job_store_url: str = ""  # default: the broker's Redis, else this process
+    management: ManagementSettings = ManagementSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcessSettings:
+    """``ferry worker``: a worker alone on a shared broker."""
+
+    model_repository: Path
+    broker_url: str
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
+    job_store_url: str = ""
+    session_store_url: str = ""
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)

@@ -1,0 +1,1 @@
+"""How request messages are read and replies written (the worker's format seam)."""
