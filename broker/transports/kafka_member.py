@@ -23,7 +23,9 @@ on this thread) before the records they name go out: that is how deliveries
 are counted across members (``kafka_marks``).
 
 Broker outages do not end the thread: kafka-python reconnects by itself, and
-a failed turn is logged and retried after a pause.
+a failed turn is logged and retried after a pause. A consumer that wedges
+(``kafka_watch``: stuck mid-join, or fetching without moving) is closed and
+the member starts over with a fresh one, from the committed offsets.
 """
 
 from __future__ import annotations
@@ -49,12 +51,11 @@ from broker.transports.kafka_inbox import Inbox, Partition, Record
 from broker.transports.kafka_rebalance import Rebalance, commit_offsets
 from broker.transports.kafka_marks import KEY_HEADER, decode_mark, header_attempts
 from broker.transports.kafka_settings import KafkaSettings
+from broker.transports.kafka_watch import Watch
 
 log = structlog.get_logger("ferry.broker.kafka")
 
 RETRY_PAUSE_S = 0.5
-# How often the thread checks that its unpaused partitions make progress.
-STALL_CHECK_S = 5.0
 CLOSE_TIMEOUT_MS = 5_000
 
 
@@ -76,8 +77,7 @@ class GroupMember:
         self._namespace = settings.namespace
         self._topics = frozenset(topics)
         self._subscribed: frozenset[str] = frozenset()
-        self._next_stall_check = 0.0
-        self._behind: dict[TopicPartition, int] = {}
+        self._watch = Watch(settings.join_timeout_ms / 1000, settings.request_timeout_ms)
         self._commit_retry_at = 0.0
         self._commits_failing = False
         self._loop = asyncio.get_running_loop()
@@ -185,8 +185,8 @@ class GroupMember:
                 if consumer is None:
                     consumer = self._open()
                 self._turn(consumer)
-                if self._stalled(consumer):
-                    log.warning("kafka.member_stalled", group=self.group, consumer=self.consumer)
+                if reason := self._watch.verdict(consumer):
+                    log.warning("kafka.member_restarted", group=self.group, consumer=self.consumer, reason=reason)
                     self._close(consumer)
                     consumer = None
                 if failing:
@@ -205,6 +205,7 @@ class GroupMember:
         settings = self._settings
         if not reachable(settings.bootstrap, settings.request_timeout_ms / 1000):
             raise KafkaConnectionError(f"no broker at {','.join(settings.bootstrap)}")
+        self._watch.reset()
         consumer = KafkaConsumer(
             bootstrap_servers=list(settings.bootstrap), group_id=self._namespace + self.group, client_id=self.consumer,
             enable_auto_commit=False, auto_offset_reset="earliest",
@@ -329,33 +330,6 @@ class GroupMember:
             request.ends = consumer.end_offsets(list(assigned), timeout_ms=self._settings.request_timeout_ms)
         return all(consumer.position(tp, timeout_ms=self._settings.request_timeout_ms) >= end
                    for tp, end in request.ends.items())  # fmt: skip
-
-    def _stalled(self, consumer: KafkaConsumer) -> bool:
-        """True when an unpaused partition behind its log end has not moved
-        for a whole check interval. kafka-python 3.0 can wedge this way after
-        a broker restart (fetches answered FENCED_LEADER_EPOCH, over and over);
-        a fresh consumer, from the committed offsets, recovers."""
-        now = time.monotonic()
-        if now < self._next_stall_check:
-            return False
-        self._next_stall_check = now + STALL_CHECK_S
-        active = consumer.assignment() - consumer.paused()
-        if not active or consumer.group_metadata().state != MemberState.STABLE:
-            self._behind = {}
-            return False
-        ends = consumer.end_offsets(list(active), timeout_ms=self._settings.request_timeout_ms)
-        behind = {tp: position for tp in active
-                  if (position := self._position(consumer, tp)) < ends.get(tp, 0)}  # fmt: skip
-        stalled = bool(behind) and behind == self._behind
-        self._behind = {} if stalled else behind
-        return stalled
-
-    @staticmethod
-    def _position(consumer: KafkaConsumer, tp: TopicPartition) -> int:
-        try:
-            return int(consumer.position(tp, timeout_ms=1_000))
-        except KafkaError:
-            return -1
 
     def _record(self, record: Any) -> Record:
         headers = tuple((name, bytes(value or b"")) for name, value in (record.headers or ()))

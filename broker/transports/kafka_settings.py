@@ -18,6 +18,10 @@ Why these defaults (they exist to keep groups stable under slow models):
   broker's default floor (``group.min.session.timeout.ms``).
 - ``heartbeat_interval_ms`` (1 s): a member learns of a rebalance from a
   heartbeat reply, so this bounds how long a join waits on existing members.
+- ``join_timeout_ms`` (30 s): a member out of a stable group this long starts
+  over with a fresh consumer (``kafka_watch``: kafka-python can wedge mid-join
+  under load). A healthy join ends within a session timeout, so keep it well
+  above ``session_timeout_ms``.
 - ``max_message_bytes`` (64 MiB) sizes the producer's requests and buffer,
   the consumer's fetches, and the ``max.message.bytes`` of topics we create.
   ``max_partition_fetch_bytes`` stays small (8 MiB): the broker returns at
@@ -46,6 +50,7 @@ class KafkaSettings:
     namespace: str = ""
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
+    join_timeout_ms: int = 30_000
     max_poll_interval_ms: int = 60_000
     poll_interval_ms: int = 100
     max_poll_records: int = 100
