@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,15 +49,30 @@ class ConnectionLimits(BaseModel):
     max_header_bytes: int = Field(64 * 1024, ge=1024)
 
 
-def serve(app: ASGIApp, host: str, port: int, limits: ConnectionLimits) -> None:
-    """Serve ``app`` until SIGTERM or SIGINT."""
+def serve(app: ASGIApp, host: str, port: int, limits: ConnectionLimits, reuse_port: bool = False) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT. With ``reuse_port``, other processes
+    listening on the same port with it share the connections (``SO_REUSEPORT``:
+    the kernel spreads new connections over the listeners, and when one dies the
+    others take its share)."""
     config = uvicorn.Config(
         app, host=host, port=port, loop="uvloop", lifespan="on", access_log=False, log_level="warning",
         # uvicorn calls it with its own arguments, as it would the class.
         http=functools.partial(GuardedHttpTools, limits=limits, refusals=Refusals()),  # type: ignore[arg-type]
         log_config=None,  # its records reach the root handler configure_logging set: JSON like ours
     )
-    uvicorn.Server(config).run()
+    sockets = [shared_port_socket(host, port)] if reuse_port else None
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def shared_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT``; ``listen`` is left to its server."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    return sock
 
 
 class HeadersTooLarge(Exception):

@@ -11,6 +11,7 @@ import uvloop
 from ferry.cli import lag, speech
 from ferry.cli.options import common_options, http_options, worker_options
 from ferry.cli.settings import connection_limits, serve_settings, worker_process_settings
+from ferry.processes.http_workers import default_http_workers, run_http_workers
 from ferry.wiring.gateway import build_gateway_app
 from ferry.wiring.serve import build_app
 from ferry.wiring.worker import run_worker
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.trace_exporter == "jsonl" and args.trace_file is None:
         raise SystemExit("ferry: --trace-exporter jsonl needs --trace-file")
     if args.command in ("serve", "gateway"):
+        workers = default_http_workers() if args.http_workers is None else args.http_workers
+        if workers < 1:
+            raise SystemExit("ferry: --http-workers must be at least 1")
         limits = connection_limits(args)
+        if workers > 1:
+            raise SystemExit(run_http_workers(args, workers))
         build = build_app if args.command == "serve" else build_gateway_app
         serve(build(serve_settings(args)), args.host, args.http_port, limits)
     elif args.command == "worker":

@@ -49,6 +49,9 @@ def common_options() -> argparse.ArgumentParser:
 def http_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--http-port", type=int, default=8000)
+    options.add_argument("--http-workers", type=int, default=None, metavar="N",
+                         help="HTTP processes sharing the port, each its own gateway (default: a quarter of the "
+                              "cores, 1 to 8); above 1, `ferry serve` runs its broker as a bundled Valkey server")
     options.add_argument("--host", default="0.0.0.0")
     options.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     defaults = ConnectionLimits()

@@ -1,0 +1,72 @@
+"""``--http-workers N``: N HTTP gateway processes on one port, each its own gateway
+(its own id and reply channel), beside the worker of ``ferry serve``.
+
+With the embedded broker, the processes meet on a bundled Valkey server
+(``valkey.py``) instead; ``ferry serve`` keeps the embedded broker's default of
+answering a model's error at once rather than retrying it elsewhere. The
+supervisor binds the port first, so a port that is taken fails the command at
+once, and holds it while its children come and go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from contextlib import ExitStack
+from dataclasses import replace
+from urllib.parse import urlsplit
+
+import uvloop
+
+from ferry.cli.settings import connection_limits, serve_settings, worker_process_settings
+from ferry.processes.supervisor import Child, Supervisor
+from ferry.processes.valkey import EmbeddedValkey
+from ferry.wiring.gateway import build_gateway_app
+from ferry.wiring.worker import run_worker
+from gateway.http_server import serve, shared_port_socket
+
+MAX_DEFAULT = 8
+
+
+def default_http_workers(cores: int | None = None) -> int:
+    """A quarter of the cores this process may run on (at least 1, at most 8): the
+    rest are left to the worker, its model and the broker."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT, cores // 4))
+
+
+def run_http_workers(args: argparse.Namespace, count: int) -> int:
+    """Serve ``ferry serve`` or ``ferry gateway`` as ``count`` HTTP processes until SIGTERM/SIGINT."""
+    with ExitStack() as stack:
+        args = argparse.Namespace(**vars(args))
+        if urlsplit(args.broker).scheme == "memory":
+            if args.retry_failures is None:
+                args.retry_failures = False  # as on the embedded broker: one worker, no one else to retry
+            args.broker = stack.enter_context(EmbeddedValkey()).url
+        reserved = stack.enter_context(shared_port_socket(args.host, args.http_port))
+        port = int(reserved.getsockname()[1])
+        children = [_gateway(args, port, index) for index in range(count)]
+        if args.command == "serve":
+            children.insert(0, _worker(args))
+        return Supervisor(children).run()
+
+
+def _gateway(args: argparse.Namespace, port: int, index: int) -> Child:
+    gateway_args = argparse.Namespace(**{**vars(args), "command": "gateway", "http_port": port})
+
+    def run() -> None:
+        # Built in the child, so that each process has a gateway id of its own.
+        settings = serve_settings(gateway_args)
+        serve(build_gateway_app(settings), gateway_args.host, port, connection_limits(gateway_args), reuse_port=True)
+
+    return Child(f"http-{index}", run)
+
+
+def _worker(args: argparse.Namespace) -> Child:
+    worker_args = argparse.Namespace(**{**vars(args), "command": "worker"})
+    settings = worker_process_settings(worker_args)
+    # Its metrics reach the gateways through its heartbeats, as in a fleet: no port of its own.
+    settings = replace(settings, telemetry=replace(settings.telemetry, metrics_port=0))
+    return Child("worker", lambda: uvloop.run(run_worker(settings)))

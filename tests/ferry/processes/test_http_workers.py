@@ -1,0 +1,147 @@
+"""``--http-workers N``: several HTTP processes on one port, each its own gateway,
+with a real ``ferry serve`` (its broker then a bundled Valkey server) and the
+official tritonclient."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from ferry.processes.http_workers import default_http_workers
+from tests.servers import free_port, wait_ready
+
+MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
+HTTP_WORKERS = 4
+
+
+def children(pid: int) -> dict[int, str]:
+    """The child processes of ``pid``, each with its name (``ferry-http-0``, ``ferry-worker``, ``valkey-server``)."""
+    found: dict[int, str] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                found[int(child)] = Path(f"/proc/{child}/comm").read_text().strip()
+            except FileNotFoundError:
+                pass  # gone since
+    return found
+
+
+def http_pids(pid: int) -> set[int]:
+    return {child for child, name in children(pid).items() if name.startswith("ferry-http-")}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "repo" / "add_sub")
+    port = free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path / "repo"),
+         "--host", "127.0.0.1", "--http-port", str(port), "--http-workers", str(HTTP_WORKERS), "--log-format", "json"],
+        stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", process)
+        _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS, "every HTTP process started")
+        yield f"127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def _wait(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _add(url: str, count: int, seed: int) -> int:
+    """``count`` add_sub requests on one keep-alive client; how many came back right."""
+    client = triton.InferenceServerClient(url, connection_timeout=30, network_timeout=60)
+    rng = np.random.default_rng(seed)
+    right = 0
+    for _ in range(count):
+        a, b = rng.random((1, 16), dtype=np.float32), rng.random((1, 16), dtype=np.float32)
+        inputs = [triton.InferInput("INPUT0", [1, 16], "FP32"), triton.InferInput("INPUT1", [1, 16], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer("add_sub", inputs)
+        right += bool(np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+                      and np.array_equal(result.as_numpy("OUTPUT1"), a - b))
+    client.close()
+    return right
+
+
+def test_every_request_over_four_http_processes_is_answered_once_and_right(served) -> None:
+    url, process = served
+    with ThreadPoolExecutor(16) as pool:
+        right = sum(pool.map(lambda seed: _add(url, 125, seed), range(16)))
+    assert right == 2_000
+    names = sorted(children(process.pid).values())
+    assert names.count("ferry-worker") == 1 and names.count("valkey-server") == 1
+
+
+def test_a_killed_http_process_is_replaced_and_the_port_keeps_answering(served) -> None:
+    url, process = served
+    before = http_pids(process.pid)
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    # Once it is dead (its listener closed), the others take its share of the port at once.
+    _wait(lambda: not Path(f"/proc/{victim}").exists()
+          or Path(f"/proc/{victim}/stat").read_text().split()[2] == "Z", "the HTTP process dead", 15)
+    assert _add(url, 50, seed=1) == 50
+    _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS and victim not in http_pids(process.pid),
+          "the killed HTTP process replaced")
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(lambda seed: _add(url, 25, seed), range(8))) == 200
+
+
+def test_stopping_the_command_stops_every_process(served) -> None:
+    url, process = served
+    family = set(children(process.pid))
+    assert len(family) == HTTP_WORKERS + 2
+    process.terminate()
+    assert process.wait(timeout=60) == 0
+    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in family), "every child gone", 15)
+
+
+def test_a_port_already_taken_fails_the_command_at_once(tmp_path: Path) -> None:
+    with socketserver_on_a_port() as port:
+        done = subprocess.run(
+            [sys.executable, "-m", "ferry.cli.main", "gateway", "--model-repository", str(MODEL_REPO),
+             "--broker", "redis://127.0.0.1:1/0", "--host", "127.0.0.1", "--http-port", str(port),
+             "--http-workers", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Address already in use" in done.stderr
+
+
+@pytest.mark.parametrize(("cores", "expected"), [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4), (64, 8)])
+def test_the_default_is_a_quarter_of_the_cores(cores: int, expected: int) -> None:
+    assert default_http_workers(cores) == expected
+
+
+class socketserver_on_a_port:
+    """A plain listener (no SO_REUSEPORT) holding a free port."""
+
+    def __enter__(self) -> int:
+        import socket
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen()
+        return int(self._sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
