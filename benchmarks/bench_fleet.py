@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from benchmarks.fleet_report import (  # noqa: E402
 from benchmarks.loadgen import LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load  # noqa: E402
 from benchmarks.server import copy_model, ferry_server  # noqa: E402
 from benchmarks.sleep_model import BatchCount, SleepModel  # noqa: E402
+from benchmarks.interrupt import run_main, stop_on_signals  # noqa: E402
 from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
 from benchmarks.window import Window, WindowOptions  # noqa: E402
 
@@ -291,16 +291,9 @@ async def _scaling_point(running: Fleet, broker: Broker, url: str, spec: LoadSpe
                tuple(await held))
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
-    # SIGTERM (and SIGINT, even where a shell started us with it ignored) unwinds like Ctrl-C,
-    # so every process started here is stopped on the way out.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _interrupt)
+    stop_on_signals()  # every process started here is stopped on the way out
     report = Report()
     starters = {"redis": fleet_procs.redis_server, "kafka": fleet_procs.kafka_server}
     with tempfile.TemporaryDirectory(prefix="ferry-fleet-") as scratch, contextlib.ExitStack() as stack:
@@ -327,8 +320,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as exc:
-        print(f"\ninterrupted ({exc or 'Ctrl-C'}); everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

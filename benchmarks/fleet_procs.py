@@ -16,7 +16,7 @@ import contextlib
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,9 +74,11 @@ def fresh_url(broker: Broker) -> str:
 
 
 @contextlib.contextmanager
-def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Path) -> Iterator[Fleet]:
-    """A gateway and ``workers`` workers, ready once the gateway is and every worker serves
-    ``model``: its heartbeat names it (Redis), or it holds partitions of its group (Kafka)."""
+def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Path,
+          gateway_args: Sequence[str] = ()) -> Iterator[Fleet]:
+    """A gateway (with ``gateway_args``, e.g. ``--http-workers``) and ``workers`` workers, ready
+    once the gateway is and every worker serves ``model``: its heartbeat names it (Redis), or it
+    holds partitions of its group (Kafka)."""
     with contextlib.ExitStack() as stack:
         common = ["--broker", broker_url, "--model-repository", str(repository)]
         # Several workers on one host: none takes the default metrics port 8002.
@@ -86,7 +88,7 @@ def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Pat
         port = free_port()
         gateway_log = logs / "gateway.log"
         gateway = stack.enter_context(_running(
-            ["gateway", *common, "--http-port", str(port), "--host", HOST], gateway_log))
+            ["gateway", *common, "--http-port", str(port), "--host", HOST, *gateway_args], gateway_log))
         wait_ready(gateway, port, gateway_log, READY_TIMEOUT_S, name="ferry gateway")
         _wait_serving(broker_url, model, procs, logs)
         yield Fleet(HOST, port, gateway.pid, tuple(p.pid for p in procs),

@@ -30,6 +30,9 @@ from gateway.metadata import model_metadata, server_metadata
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
 from gateway.responses import error_response, guarded
+from gateway.shared_memory.binding import bind
+from gateway.shared_memory.regions import SharedMemoryRegions
+from gateway.shared_memory.routes import SharedMemoryRoutes
 from gateway.status import status_for_code
 from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
@@ -46,6 +49,7 @@ HEADER_LENGTH = "inference-header-content-length"
 class HttpSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     restriction: Restriction | None = None  # model-repository routes need this header
+    allow_client_shm: bool = False  # Triton's --allow-client-shm: clients may register shared memory
 
 
 Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
@@ -54,11 +58,13 @@ Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(),
                lifespan: Lifespan | None = None, jobs: JobService | None = None,
                manager: ModelManager | None = None, metrics: GatewayMetrics | None = None,
-               dashboard: Dashboard | None = None) -> Starlette:
+               dashboard: Dashboard | None = None, regions: SharedMemoryRegions | None = None) -> Starlette:
     """Without ``jobs``, ``Prefer: respond-async`` is ignored (RFC 7240 lets a
     server decline a preference) and infer answers synchronously. Without
-    ``manager``, load and unload are refused (model control mode ``none``)."""
-    api = _Api(service, settings, jobs)
+    ``manager``, load and unload are refused (model control mode ``none``).
+    Without ``regions`` (which the caller closes), no shared memory can be registered."""
+    regions = SharedMemoryRegions(enabled=False) if regions is None else regions
+    api = _Api(service, settings, jobs, regions)
     management = ManagementRoutes(manager or ModelManager(service.catalog, None), api.read_body,
                                   settings.restriction)
     model = "/v2/models/{model}"
@@ -68,6 +74,7 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
         Route("/v2/health/ready", api.ready, methods=["GET"]),
         Route("/v2", api.server, methods=["GET"]),
         *management.routes(),
+        *SharedMemoryRoutes(regions, api.read_body).routes(),
     ]
     if jobs is not None:
         routes.append(Route("/v2/jobs/{job_id}", api.job, methods=["GET", "DELETE"]))
@@ -106,9 +113,11 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 
 class _Api:
-    def __init__(self, service: InferenceService, settings: HttpSettings, jobs: JobService | None) -> None:
+    def __init__(self, service: InferenceService, settings: HttpSettings, jobs: JobService | None,
+                 regions: SharedMemoryRegions) -> None:
         self._service = service
         self._jobs = jobs
+        self._regions = regions
         self._catalog = service.catalog
         self._settings = settings
         self.streams = StreamRoutes(service, self.read_body, self._target, _header_length, settings.max_body_bytes)
@@ -185,13 +194,15 @@ class _Api:
         self._catalog.version(name, version)  # an unknown model is refused before its body is read
         body = await self.read_body(request)
         parsed = parse_infer_request(body, _header_length(request))
+        bound = bind(self._regions, parsed)  # inputs read from shared memory, output regions checked
         trace = caller_context(request.headers)
         if self._jobs is not None and prefers_async(request.headers.getlist("prefer")):
-            job = await self._jobs.submit(name, version, parsed, trace)
+            job = await self._jobs.submit(name, version, bound.for_job(), trace)
             return json_response({"job_id": job.id, "status": job.status.value}, 202, headers={
                 "Location": f"/v2/jobs/{job.id}", "Preference-Applied": RESPOND_ASYNC,
             })
-        response = await self._service.infer(name, version, parsed, trace)
+        response = await self._service.infer(name, version, bound.parsed, trace)
+        bound.write_outputs(response)
         return _render_reply(response, parsed.outputs, parsed.binary_output_default)
 
     async def _job(self, request: Request) -> Response:

@@ -8,6 +8,8 @@
      ├── UpstreamTimeout   no reply arrived from the workers in time
      ├── JobNotFound       no async job has this id
      ├── JobConflict       the async job is past the state the request needs
+     ├── RegionNotFound    no shared memory region has this name (a status lookup)
+     ├── FeatureDisabled   the server was started without the feature (client shared memory)
      └── ClientDisconnected  the client hung up before its request body arrived
 
 The classes carry meaning only; ``gateway.status`` maps them to HTTP codes.
@@ -50,6 +52,14 @@ class JobNotFound(GatewayError):
 
 class JobConflict(GatewayError):
     """The job is past the state the request needs (cancelling a finished job)."""
+
+
+class RegionNotFound(GatewayError):
+    """No shared memory region is registered under this name."""
+
+
+class FeatureDisabled(GatewayError):
+    """The server was not started with this feature (Triton answers 501)."""
 
 
 class ClientDisconnected(GatewayError):

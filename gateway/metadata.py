@@ -8,7 +8,7 @@ from workers.repository.config import ModelConfig, TensorConfig
 
 SERVER_NAME = "ferry"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters", "statistics")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory")
 
 
 def server_metadata() -> dict[str, Any]:

@@ -28,13 +28,14 @@ from dataclasses import dataclass, replace
 from structlog.contextvars import bound_contextvars
 
 from broker import channels
-from broker.envelope import DEFAULT_LIMITS, Limits, Request, Response, encode_request
+from broker.envelope import DEFAULT_LIMITS, Limits, Request, Response, WireTensor, encode_request
 from broker.transport import Transport
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequest, ModelUnavailable, PayloadTooLarge, UpstreamTimeout
 from broker.replies import ReplyRouter
 from gateway.sequence_homes import SequenceHomes
+from gateway.shared_memory.refs import RegionInput
 from gateway.tracing import UNTRACED, RequestSpan, RequestTracer
 from gateway.v2_codec import ParsedInfer
 
@@ -216,7 +217,7 @@ def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, 
         model=model,
         model_version=version,
         reply_to=reply_to,
-        inputs=parsed.inputs,
+        inputs=_envelope_inputs(parsed),
         outputs=tuple(o.name for o in parsed.outputs),
         priority=priority,
         timeout_us=timeout_us,
@@ -228,6 +229,18 @@ def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, 
         trace=trace or {},
         created_ns=now_ns,
     )
+
+
+def _envelope_inputs(parsed: ParsedInfer) -> tuple[WireTensor, ...]:
+    """Only the HTTP infer route reads and writes shared memory (``gateway.shared_memory``);
+    a region still named here came through another door."""
+    named = [(f"input '{t.name}'", t.slice) for t in parsed.inputs if isinstance(t, RegionInput)]
+    named += [(f"requested output '{o.name}'", o.region) for o in parsed.outputs if o.region is not None]
+    if named:
+        where, region = named[0]
+        raise InvalidRequest(f"{where}: shared memory region '{region.region}' can be used only "
+                             f"through POST /v2/models/<model>/infer")
+    return tuple(t for t in parsed.inputs if isinstance(t, WireTensor))
 
 
 def _peek_priority(parsed: ParsedInfer) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from broker.errors import TransportClosed, TransportError
 from gateway.errors import (
-    ClientDisconnected, GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable, PayloadTooLarge,
-    QueueFull, UpstreamTimeout,
+    ClientDisconnected, FeatureDisabled, GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable,
+    PayloadTooLarge, QueueFull, RegionNotFound, UpstreamTimeout,
 )
 from workers.errors import ModelNotFound, WorkerError
 
@@ -37,6 +37,8 @@ _BY_CLASS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...]
     (ModelNotFound, 404),
     (JobNotFound, 404),
     (JobConflict, 409),
+    (RegionNotFound, 404),
+    (FeatureDisabled, 501),
     (ClientDisconnected, 499),  # never sent (no one is listening), but counted in metrics as nginx does
     (BROKER_DOWN, 503),
 )

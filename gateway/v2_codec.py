@@ -2,8 +2,9 @@
 
 A body is a JSON header, optionally followed by raw tensor bytes (the binary
 tensor data extension); the ``Inference-Header-Content-Length`` header says
-where the JSON ends. Parsing turns either form into ``WireTensor`` and raises
-only ``InvalidRequest``, whatever the bytes; it holds a request to the
+where the JSON ends. Parsing turns either form into ``WireTensor`` (an input
+in shared memory into a ``RegionInput``, which ``gateway.shared_memory`` reads)
+and raises only ``InvalidRequest``, whatever the bytes; it holds a request to the
 envelope's ``Limits`` (tensor counts, dims, name lengths), so what passes
 here a worker can decode. Rendering turns a ``Response``
 back into JSON, binary blobs, or a mix. Pure functions, no I/O.
@@ -21,10 +22,10 @@ import orjson
 from broker.envelope import DEFAULT_LIMITS, Limits, Response, WireTensor
 from gateway.errors import InvalidRequest
 from gateway.json_tensors import FLOATS, json_bytes, json_name
+from gateway.shared_memory.refs import RegionInput, RegionSlice, region_input, region_slice
 from workers.datatypes import DATATYPES, decode_array, element_count, numpy_dtype, split_bytes
 from workers.errors import TensorError
 
-_SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _BINARY_OUTPUT = "binary_data_output"
 
 
@@ -32,12 +33,13 @@ _BINARY_OUTPUT = "binary_data_output"
 class RequestedOutput:
     name: str
     binary: bool
+    region: RegionSlice | None = None  # its bytes go to this shared memory, not the response
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedInfer:
     id: str
-    inputs: tuple[WireTensor, ...]
+    inputs: tuple[WireTensor | RegionInput, ...]  # a RegionInput is read by the HTTP infer route
     outputs: tuple[RequestedOutput, ...]
     parameters: dict[str, Any]
     binary_output_default: bool
@@ -69,9 +71,11 @@ def render_infer_response(response: Response, requested: tuple[RequestedOutput, 
                           binary_default: bool) -> tuple[bytes, int | None]:
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for tensor, binary in _selected(response.outputs, requested, binary_default):
+    for tensor, wanted in _selected(response.outputs, requested, binary_default):
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if binary:
+        if wanted.region is not None:  # its bytes were written to the region
+            entry["parameters"] = wanted.region.parameters()
+        elif wanted.binary:
             entry["parameters"] = {"binary_data_size": len(tensor.data)}
             blobs.append(tensor.data)
         else:
@@ -130,7 +134,7 @@ def _request_id(value: Any) -> str:
 
 # -- inputs ------------------------------------------------------------------
 
-def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor, ...]:
+def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor | RegionInput, ...]:
     if not isinstance(raw, list):
         raise InvalidRequest("request field 'inputs' must be a list of tensors"
                              if raw is not None else "request field 'inputs' is missing")
@@ -138,7 +142,7 @@ def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor, ...
     parts = [_input(index, item, limits) for index, item in enumerate(raw)]
     _check_unique([part.name for part in parts], "input")
     _check_binary_total([p for p in parts if isinstance(p, _BinaryInput)], len(blob))
-    tensors: list[WireTensor] = []
+    tensors: list[WireTensor | RegionInput] = []
     offset = 0
     for part in parts:
         if isinstance(part, _BinaryInput):
@@ -147,7 +151,7 @@ def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor, ...
     return tuple(tensors)
 
 
-def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput:
+def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput | RegionInput:
     if not isinstance(item, dict):
         raise InvalidRequest(f"inputs[{index}] must be an object, got {json_name(item)}")
     name = _name(item, f"inputs[{index}]", limits)
@@ -155,8 +159,13 @@ def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput:
     datatype = _datatype(item, where)
     shape = _shape(item, where, limits)
     parameters = _object(item.get("parameters"), f"{where}: field 'parameters'")
-    _refuse_shared_memory(parameters, where)
+    region = region_slice(parameters, where)
     size = parameters.get("binary_data_size")
+    if region is not None:
+        if "data" in item or size is not None:
+            given = "data" if "data" in item else "parameters.binary_data_size"
+            raise InvalidRequest(f"{where} has both '{given}' and 'parameters.shared_memory_region'")
+        return region_input(name, datatype, shape, where, region)
     if size is not None:
         if "data" in item:
             raise InvalidRequest(f"{where} has both 'data' and 'parameters.binary_data_size'")
@@ -200,11 +209,6 @@ def _shape(item: dict[str, Any], where: str, limits: Limits) -> tuple[int, ...]:
         if dim > limits.max_dim_size:
             raise InvalidRequest(f"{where}: shape {shape} has a dimension above {limits.max_dim_size}")
     return tuple(shape)
-
-
-def _refuse_shared_memory(parameters: dict[str, Any], where: str) -> None:
-    if any(key in parameters for key in _SHARED_MEMORY):
-        raise InvalidRequest(f"{where}: the shared memory extension is not supported")
 
 
 def _binary_input(name: str, datatype: str, shape: tuple[int, ...], size: Any) -> _BinaryInput:
@@ -259,25 +263,27 @@ def _requested_output(index: int, item: Any, binary_default: bool, limits: Limit
     name = _name(item, f"outputs[{index}]", limits)
     where = f"requested output '{name}'"
     parameters = _object(item.get("parameters"), f"{where}: field 'parameters'")
-    _refuse_shared_memory(parameters, where)
+    region = region_slice(parameters, where)
     if parameters.get("classification", 0) != 0:
         raise InvalidRequest(f"{where}: the classification extension is not supported")
     binary = _boolean(parameters.get("binary_data", binary_default), f"{where}: parameter 'binary_data'")
-    return RequestedOutput(name, binary)
+    if region is not None and parameters.get("binary_data") is True:
+        raise InvalidRequest(f"{where} can't set both 'shared_memory_region' and 'binary_data'")
+    return RequestedOutput(name, binary and region is None, region)
 
 
 # -- response ----------------------------------------------------------------
 
 def _selected(outputs: tuple[WireTensor, ...], requested: tuple[RequestedOutput, ...],
-              binary_default: bool) -> Iterator[tuple[WireTensor, bool]]:
+              binary_default: bool) -> Iterator[tuple[WireTensor, RequestedOutput]]:
     if not requested:
-        return ((tensor, binary_default) for tensor in outputs)
+        return ((tensor, RequestedOutput(tensor.name, binary_default)) for tensor in outputs)
     by_name = {tensor.name: tensor for tensor in outputs}
     missing = [wanted.name for wanted in requested if wanted.name not in by_name]
     if missing:
         raise InvalidRequest(f"requested output '{missing[0]}' is not produced by the model "
                              f"(it produced {sorted(by_name)})")
-    return ((by_name[wanted.name], wanted.binary) for wanted in requested)
+    return ((by_name[wanted.name], wanted) for wanted in requested)
 
 
 def _json_data(tensor: WireTensor) -> list[str] | np.ndarray:

@@ -62,9 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.trace_exporter == "jsonl" and args.trace_file is None:
         raise SystemExit("ferry: --trace-exporter jsonl needs --trace-file")
     if args.command in ("serve", "gateway"):
-        workers = default_http_workers() if args.http_workers is None else args.http_workers
+        # Shared memory regions are registered with one process, and SO_REUSEPORT lets no client pick it.
+        default_workers = 1 if args.allow_client_shm else default_http_workers()
+        workers = default_workers if args.http_workers is None else args.http_workers
         if workers < 1:
             raise SystemExit("ferry: --http-workers must be at least 1")
+        if workers > 1 and args.allow_client_shm:
+            raise SystemExit("ferry: --allow-client-shm needs --http-workers 1: a shared memory region is "
+                             "registered with one HTTP process, and a client cannot choose which one it reaches")
         limits = connection_limits(args)
         if workers > 1:
             raise SystemExit(run_http_workers(args, workers))

@@ -68,7 +68,16 @@ def http_options() -> argparse.ArgumentParser:
                          help="the repository index, load and unload need this header and value (else 403)")
     options.add_argument("--model-load-timeout-s", type=float, default=120.0,
                          help="how long a load or unload waits for the workers")
+    options.add_argument("--allow-client-shm", type=_true_or_false, nargs="?", const=True, default=False,
+                         metavar="true|false", help="let clients register system shared memory regions "
+                                                     "(Triton's flag; off by default, as in Triton)")
     return options
+
+
+def _true_or_false(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
 
 
 def worker_options() -> argparse.ArgumentParser:

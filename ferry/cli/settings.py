@@ -34,7 +34,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     settings = ServeSettings(
         model_repository=args.model_repository,
         broker_url=args.broker,
-        http=HttpSettings(max_body_bytes=args.max_body_bytes),
+        http=HttpSettings(max_body_bytes=args.max_body_bytes, allow_client_shm=args.allow_client_shm),
         service=ServiceSettings(channel_prefix=args.channel_prefix,
                                 route_sequences=urlsplit(args.broker).scheme == "redis"),
         job_ttl_s=args.job_ttl_s,

@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from broker.replies import ReplyRouter
 from broker.transport import Transport
-from ferry.wiring.lifecycle import start_all
+from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.settings import ServeSettings
 from gateway.admission import QueueLimits
 from gateway.app import Lifespan, create_app
@@ -27,6 +27,7 @@ from gateway.jobs import JobService, JobSettings, JobStore, build_jobs
 from gateway.management import ModelManager
 from gateway.metrics import GatewayMetrics, LiveWorkers, gateway_metrics
 from gateway.service import InferenceService
+from gateway.shared_memory.regions import SharedMemoryRegions
 from gateway.tracing import gateway_tracer
 from workers.control.client import ControlClient
 from workers.telemetry.stats import StatsBook
@@ -54,6 +55,7 @@ class GatewaySide:
     manager: ModelManager
     metrics: GatewayMetrics | None
     dashboard: Dashboard
+    regions: SharedMemoryRegions
 
     @classmethod
     def build(cls, settings: ServeSettings, transport: Transport, catalog: ModelCatalog, store: JobStore,
@@ -66,12 +68,14 @@ class GatewaySide:
         metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
                                   sources.stats, sources.local_worker)
         return cls(router, service, jobs, ModelManager(catalog, control, settings.management), metrics,
-                   build_dashboard(catalog, sources.beats, metrics))
+                   build_dashboard(catalog, sources.beats, metrics),
+                   SharedMemoryRegions(settings.http.allow_client_shm))
 
     def app(self, settings: ServeSettings, lifespan: Lifespan) -> Starlette:
         return create_app(self.service, settings.http, lifespan, jobs=self.jobs, manager=self.manager,
-                          metrics=self.metrics, dashboard=self.dashboard)
+                          metrics=self.metrics, dashboard=self.dashboard, regions=self.regions)
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Start each part and have ``stack`` close it, in the reverse order."""
+        close_later(stack, self.regions)  # closed last: no request is left to use a region
         await start_all(stack, self.router, self.jobs, self.manager, self.metrics, self.dashboard)
