@@ -52,9 +52,10 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             close_later(stack, tracing, transport, heartbeats)
-            await front.start(stack)
+            # The worker first: the dashboard's first sample and the metrics see its models loaded.
             # On the in-memory broker nothing outlives the process: no drain.
             await back.start(stack, catalog.index, drain=heartbeat is not None)
+            await front.start(stack)
             await start_all(stack, heartbeat)
             yield
 
