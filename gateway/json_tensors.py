@@ -3,6 +3,10 @@ little-endian bytes the envelope carries (BYTES: length-prefixed strings).
 
 orjson hands over exact Python types, checked per datatype before numpy sees
 them, and each value is range-checked, so nothing is cast or wrapped quietly.
+Checking the type of every element costs as much as numpy's conversion, so it
+is skipped where the array's own text has shown that all of them are numbers
+(``gateway.json_lift``): for a float datatype, which takes any number, and for
+an integer one when numpy's type discovery finds only integers.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import InvalidRequest
+from gateway.json_lift import LiftedArray
 from workers.datatypes import element_count, join_bytes, numpy_dtype
 
 INTEGERS = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
@@ -35,11 +40,16 @@ def json_bytes(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> b
     where = f"input '{name}'"
     if datatype == "BF16":
         raise InvalidRequest(f"{where}: BF16 data cannot be sent as JSON; send it as binary tensor data")
-    flat = _flatten(data, where)
+    lifted = isinstance(data, LiftedArray)
+    flat = _flatten(data.values if lifted else data, where)
     count = element_count(shape)
     if len(flat) != count:
         raise InvalidRequest(f"{where}: 'data' holds {len(flat)} elements but shape {list(shape)} "
                              f"needs {count}")
+    if lifted:
+        vouched = _vouched_array(where, datatype, flat)
+        if vouched is not None:
+            return vouched.tobytes()
     found = set(map(type, flat)) - _JSON_TYPES[datatype]
     if found:
         kinds = ", ".join(sorted(json_name_of_type(kind) for kind in found))
@@ -60,6 +70,25 @@ def _flatten(data: Any, where: str) -> list[Any]:
     return flat
 
 
+def _vouched_array(where: str, datatype: str, flat: list[Any]) -> np.ndarray | None:
+    """The array of elements known to be numbers or lists, skipping the check of each
+    one's type; None where that check is still needed: a list among the numbers
+    (numpy refuses the ragged array), or an integer type given floats."""
+    try:
+        if datatype in FLOATS:
+            return _numeric_array(where, datatype, flat)
+        if datatype not in INTEGERS:
+            return None
+        # numpy's own type discovery is one pass where checking types and converting
+        # are two: integer kinds come out only when every element is an int in 64 bits.
+        discovered = np.array(flat)
+    except ValueError:
+        return None
+    if discovered.dtype.kind not in "iu":
+        return None
+    return _narrowed(where, datatype, numpy_dtype(datatype), discovered)
+
+
 def _numeric_array(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
     dtype = numpy_dtype(datatype)
     if datatype in INTEGERS:
@@ -75,13 +104,17 @@ def _numeric_array(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
 
 
 def _integer_array(where: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
-    info = np.iinfo(dtype)
     # Widen first and compare after, so no numpy version wraps out-of-range values silently.
     wide_dtype = np.uint64 if datatype == "UINT64" else np.int64
     try:
         wide = np.array(flat, dtype=wide_dtype)
     except OverflowError:
         wide = None
+    return _narrowed(where, datatype, dtype, wide)
+
+
+def _narrowed(where: str, datatype: str, dtype: np.dtype, wide: np.ndarray | None) -> np.ndarray:
+    info = np.iinfo(dtype)
     if wide is None or (wide.size and (wide.min() < info.min or wide.max() > info.max)):
         raise InvalidRequest(f"{where}: a value is out of range for {datatype} "
                              f"[{info.min}, {info.max}]")

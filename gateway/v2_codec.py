@@ -21,6 +21,7 @@ import orjson
 
 from broker.envelope import DEFAULT_LIMITS, Limits, Response, WireTensor
 from gateway.errors import InvalidRequest
+from gateway.json_lift import load_lifted
 from gateway.json_tensors import FLOATS, json_bytes, json_name
 from gateway.shared_memory.refs import RegionInput, RegionSlice, region_input, region_slice
 from workers.datatypes import DATATYPES, decode_array, element_count, numpy_dtype, split_bytes
@@ -55,7 +56,7 @@ class _BinaryInput:
 
 def parse_infer_request(body: bytes, header_length: int | None, limits: Limits = DEFAULT_LIMITS) -> ParsedInfer:
     json_part, blob = _split_body(body, header_length)
-    header = _load_header(json_part, framed=header_length is not None)
+    header = load_lifted(body, len(json_part)) or _load_header(json_part, framed=header_length is not None)
     parameters = dict(_object(header.get("parameters"), "request field 'parameters'"))
     binary_default = _boolean(parameters.pop(_BINARY_OUTPUT, False), f"parameter '{_BINARY_OUTPUT}'")
     return ParsedInfer(
