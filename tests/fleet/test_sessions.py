@@ -50,7 +50,9 @@ def by_pid(workers: list[FerryProcess], pid: int) -> FerryProcess:
 
 
 def test_every_step_of_a_sequence_reaches_the_worker_holding_it(clean_redis: str, tmp_path: Path) -> None:
-    write_accumulator(tmp_path / "repo", strategy="oldest { }")
+    # Each sequence waits while the seven others take a step; under load that can pass the 5 s
+    # default idle timeout, which this test is not about.
+    write_accumulator(tmp_path / "repo", strategy="oldest { }", idle_us=60_000_000)
     with Fleet(clean_redis, tmp_path / "repo", tmp_path) as fleet:
         gateway, _ = start_fleet(fleet, 2)
         client = httpclient.InferenceServerClient(gateway.url)

@@ -17,7 +17,9 @@ from tests.workers.sequences.accumulator import write_accumulator
 
 
 def test_sequences_keep_to_the_worker_holding_their_state(kafka_bootstrap: str, tmp_path: Path) -> None:
-    write_accumulator(tmp_path / "repo", strategy="oldest { }")
+    # Each sequence waits while the five others take a step; under load that can pass the 5 s
+    # default idle timeout, which this test is not about.
+    write_accumulator(tmp_path / "repo", strategy="oldest { }", idle_us=60_000_000)
     with KafkaFleet(kafka_bootstrap, tmp_path / "repo", tmp_path) as fleet:
         fleet.worker("w1")
         fleet.worker("w2")
