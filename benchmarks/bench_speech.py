@@ -2,13 +2,19 @@
 
     python benchmarks/bench_speech.py               # 1, 2, 4, 8, 12, 16 sessions, a few minutes
     python benchmarks/bench_speech.py --quick       # 1 and 4 sessions
+    python benchmarks/bench_speech.py --quick --baseline --instances 4
+                                                    # the same, instances in the worker's process first
 
-A ``redis-server`` and ``ferry worker`` processes serve a copy of ``model_repo/speech``.
+A ``redis-server`` and ``ferry worker`` processes serve a copy of ``model_repo/speech``;
+``--instances`` sets its ``instance_group`` count, and ``--instance-process no`` keeps the
+instances in the worker's process (a baseline: they share one GIL) instead of one process
+each.
 For each count N, N clients (``ferry.speech_client.SpeechSession``) each stream the
 same ~9 s of espeak-ng speech (three sentences with pauses) in 160 ms chunks at the pace
 of speech, starting a fraction of a chunk apart. Per count it reports:
 
-- **RTF per session**: the workers' CPU seconds over the run (from /proc) divided by
+- **RTF per session**: the workers' CPU seconds over the run (from /proc, their instance
+  processes included) divided by
   the seconds of audio all N sessions sent: the compute one session costs per second
   of speech. A machine with C cores can at best hold C / RTF sessions.
 - **partial p50/p95 ms**: for each chunk answered with a partial transcript, from the
@@ -26,6 +32,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -71,11 +78,11 @@ async def run_sessions(url: str, samples: np.ndarray, count: int) -> list[list[t
 
 
 def measure(url: str, worker_pids: tuple[int, ...], samples: np.ndarray, count: int) -> dict[str, object]:
-    before = [cpu.process_cpu_s(pid) or 0.0 for pid in worker_pids]
+    before = cpu.tree_cpu_s(worker_pids) or 0.0
     began = time.monotonic()
     sessions = asyncio.run(run_sessions(url, samples, count))
     elapsed = time.monotonic() - began
-    worker_cpu = sum((cpu.process_cpu_s(pid) or 0.0) - b for pid, b in zip(worker_pids, before))
+    worker_cpu = (cpu.tree_cpu_s(worker_pids) or 0.0) - before
     audio_s = len(samples) / 16_000
     partial = sorted(lag for s in sessions for t, lag in s if not t.final and not t.error)
     final = sorted(lag for s in sessions for t, lag in s if t.final and not t.error)
@@ -95,39 +102,70 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int_list, default=(1, 2, 4, 8, 12, 16))
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--max-p95-ms", type=float, default=500.0)
+    parser.add_argument("--instances", type=int, default=0, help="instance_group count (default: the config's)")
+    parser.add_argument("--instance-process", choices=("yes", "no"), default="yes",
+                        help="each instance in a process of its own (yes), or all in the worker's (no)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first measure the instances in the worker's process, in the same run")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     counts = (1, 4) if args.quick else args.sessions
+    modes = (args.instance_process,)
+    if args.baseline and args.instance_process == "yes":
+        modes = ("no", "yes")
     rows = []
     with tempfile.TemporaryDirectory(prefix="ferry-speech-") as tmp:
         root = Path(tmp)
         samples = speech_audio(root)
-        shutil.copytree(REPO_ROOT / "model_repo" / "speech", root / "repo" / "speech")
         with fleet_procs.redis_server() as broker:
-            url = fleet_procs.fresh_url(broker)
-            with fleet_procs.fleet(root / "repo", url, args.workers, "speech", root) as fleet:
-                for count in counts:
-                    row = measure(url, fleet.worker_pids, samples, count)
-                    row["keeps_up"] = row["errors"] == 0 and row["partial_p95_ms"] <= args.max_p95_ms
-                    rows.append(row)
-                    print_row(row)
-    sustained = max((r["sessions"] for r in rows if r["keeps_up"]), default=0)
-    print(f"sustained: {sustained} concurrent real-time sessions with {args.workers} worker(s) "
-          f"(p95 partial latency <= {args.max_p95_ms:.0f} ms)")
+            for mode in modes:
+                rows += run_mode(root / f"process-{mode}", broker, samples, counts, mode, args)
+    summary = {mode: max((r["sessions"] for r in rows if r["keeps_up"] and r["instance_process"] == mode), default=0)
+               for mode in modes}
+    for mode, sustained in summary.items():
+        print(f"sustained: {sustained} concurrent real-time sessions with {args.workers} worker(s), instance "
+              f"process {mode} (p95 partial latency <= {args.max_p95_ms:.0f} ms)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"workers": args.workers, "chunk_ms": CHUNK_MS, "rows": rows,
-                                    "sustained_sessions": sustained}, indent=2))
+    args.out.write_text(json.dumps({"workers": args.workers, "instances": args.instances or "config",
+                                    "chunk_ms": CHUNK_MS, "rows": rows, "sustained_sessions": summary}, indent=2))
     print(f"wrote {args.out}")
     return 0
 
 
+def run_mode(root: Path, broker: fleet_procs.Broker, samples: np.ndarray, counts: tuple[int, ...], mode: str,
+             args: argparse.Namespace) -> list[dict[str, object]]:
+    shutil.copytree(REPO_ROOT / "model_repo" / "speech", root / "repo" / "speech")
+    configure(root / "repo" / "speech" / "config.pbtxt", args.instances, mode)
+    rows = []
+    url = fleet_procs.fresh_url(broker)
+    with fleet_procs.fleet(root / "repo", url, args.workers, "speech", root) as fleet:
+        for count in counts:
+            row = {"instance_process": mode, **measure(url, fleet.worker_pids, samples, count)}
+            row["keeps_up"] = row["errors"] == 0 and row["partial_p95_ms"] <= args.max_p95_ms  # type: ignore[operator]
+            rows.append(row)
+            print_row(row)
+    return rows
+
+
+def configure(config: Path, instances: int, instance_process: str) -> None:
+    """The copy's instance count, when given, and FERRY_INSTANCE_PROCESS."""
+    text = config.read_text()
+    if instances:
+        text, found = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {instances}", text)
+        assert found == 1, f"no instance_group count in {config}"
+    parameter = f'{{ key: "FERRY_INSTANCE_PROCESS" value: {{ string_value: "{instance_process}" }} }},'
+    assert "parameters [\n" in text, f"no parameters in {config}"
+    config.write_text(text.replace("parameters [\n", f"parameters [\n  {parameter}\n", 1))
+
+
 def print_row(row: dict[str, object]) -> None:
-    if row["sessions"] == 1 or not hasattr(print_row, "header"):
-        print(f"{'sessions':>8} {'RTF/session':>11} {'partial p50':>11} {'partial p95':>11} "
+    if not hasattr(print_row, "header"):
+        print(f"{'process':>7} {'sessions':>8} {'RTF/session':>11} {'partial p50':>11} {'partial p95':>11} "
               f"{'final p95':>9} {'errors':>6} {'keeps up':>8}")
         print_row.header = True  # type: ignore[attr-defined]
-    print(f"{row['sessions']:>8} {row['rtf_per_session']:>11.3f} {row['partial_p50_ms']:>11.0f} "
+    print(f"{row['instance_process']:>7} {row['sessions']:>8} {row['rtf_per_session']:>11.3f} "
+          f"{row['partial_p50_ms']:>11.0f} "
           f"{row['partial_p95_ms']:>11.0f} {row['final_p95_ms']:>9.0f} {row['errors']:>6} "
           f"{'yes' if row['keeps_up'] else 'no':>8}", flush=True)
 

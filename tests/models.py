@@ -173,7 +173,9 @@ def write_slow_add_sub(repo: Path, sleep_s: float, name: str = "add_sub") -> Non
 # A python model that appends each input value it computes to a file, so a
 # test can count computations across worker processes. One unbatched INT32
 # [1] input, OUTPUT0 = 2 * INPUT0. On ``poison`` it raises RuntimeError
-# ("raise") or kills its process with os._exit(1) ("exit"), after recording.
+# ("raise") or kills its worker with os._exit(1) ("exit"), after recording:
+# that one runs in the worker's process (FERRY_INSTANCE_PROCESS "no"), as
+# in an instance process of its own it would kill only that.
 RECORDING_MODEL = """
 import os
 import time
@@ -210,6 +212,7 @@ max_batch_size: 0
 input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters [ {{ key: "FERRY_INSTANCE_PROCESS" value: {{ string_value: "{instance_process}" }} }} ]
 """
 
 
@@ -220,7 +223,8 @@ def write_recording_model(repo: Path, name: str, record: Path, poison: int | Non
     if on_poison not in ("raise", "exit"):
         raise ValueError(f"on_poison must be 'raise' or 'exit', not {on_poison!r}")
     source = RECORDING_MODEL.format(record=str(record), poison=poison, on_poison=on_poison, delay_s=delay_s)
-    write_python_model(repo, name, source, RECORDING_CONFIG.format(name=name))
+    config = RECORDING_CONFIG.format(name=name, instance_process="no" if on_poison == "exit" else "yes")
+    write_python_model(repo, name, source, config)
 
 
 def recorded_values(record: Path) -> list[int]:

@@ -19,7 +19,7 @@ BackendFactory = Callable[[ModelContext], Backend]
 # backend name -> (module, class, the pip extra that brings its framework)
 BACKENDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
     "onnxruntime": ("workers.backends.onnxruntime", "OnnxRuntimeBackend", ""),
-    "python": ("workers.backends.python", "PythonBackend", ""),
+    "python": ("workers.backends.python_process", "python_backend", ""),
     "pytorch": ("workers.backends.pytorch", "PyTorchBackend", "pytorch"),
     "tensorrt": ("workers.backends.tensorrt", "TensorRTBackend", "gpu"),
     "openvino": ("workers.backends.openvino", "OpenVinoBackend", "openvino"),

@@ -161,11 +161,21 @@ class SequenceTable(Generic[T]):
                 record.last_seen = now
 
     def next_due(self, now: float) -> float | None:
-        """When a waiting batch's queue delay runs out, or a sequence goes idle."""
-        times = [s.steps[0].arrived + self.policy.delay_s for s in self._active.values() if s.ready]
+        """When a waiting batch's queue delay runs out, or a sequence goes idle.
+
+        A step whose instance is busy has no time here: the batch that ends
+        wakes the driver (else its loop would spin until then)."""
+        times = [s.steps[0].arrived + self.policy.delay_s for s in self._active.values()
+                 if s.ready and self._may_run(s)]
         times += [s.last_seen + self.policy.idle_s for s in self._active.values()
                   if not s.steps and not s.running]
         return min(times, default=None)
+
+    def _may_run(self, record: Sequence[T]) -> bool:
+        """Whether an instance that may take the sequence's next step is free."""
+        if self.policy.strategy == "direct":
+            return record.slot is not None and record.slot // self.policy.rows not in self._busy
+        return len(self._busy) < self.policy.instances
 
     def _fill_slots(self) -> None:
         while self._backlog and None in self._slots:

@@ -42,18 +42,26 @@ SOURCES = {
                  "            raise ValueError('X must not be negative')\n        return {'Y': inputs['X']}\n"),
     "sum": "class Model:\n    def infer(self, inputs):\n        return {'S': inputs['A'] + inputs['B']}\n",
 }
-# Two models that each wait, on their own thread, for the other to be computing
-# too: an ensemble that ran its independent steps one after the other would
-# break the barrier and fail.
-RENDEZVOUS = '''import sys, threading, types
-_shared = sys.modules.setdefault("ensemble_test_rendezvous", types.ModuleType("ensemble_test_rendezvous"))
-if not hasattr(_shared, "barrier"):
-    _shared.barrier = threading.Barrier(2, timeout=10)
+# Two models that each wait for the other to be computing too: an ensemble that
+# ran its independent steps one after the other would fail them on the timeout.
+# They meet through files, since each may run in an instance process of its own.
+RENDEZVOUS = '''import os, time
+
+DIR, ME, OTHER = %(dir)r, %(me)r, %(other)r
+
 
 class Model:
+    calls = 0
+
     def infer(self, inputs):
-        _shared.barrier.wait()
-        return {'Y': inputs['X'] * %s}
+        Model.calls += 1
+        open(os.path.join(DIR, f"{ME}.{Model.calls}"), "w").close()
+        deadline = time.monotonic() + 10
+        while not os.path.exists(os.path.join(DIR, f"{OTHER}.{Model.calls}")):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{OTHER} never computed beside {ME}")
+            time.sleep(0.005)
+        return {'Y': inputs['X'] * %(factor)s}
 '''
 ENSEMBLE_HEAD = '''
 name: "{name}"
@@ -86,11 +94,13 @@ def write(repo: Path, name: str, config: str, source: str | None) -> None:
 
 
 @pytest.fixture
-def repository(tmp_path: Path) -> Path:
+def repository(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, source in SOURCES.items():
         write(tmp_path, name, SUM if name == "sum" else UNARY.format(name=name), source)
-    write(tmp_path, "left", UNARY.format(name="left"), RENDEZVOUS % 2)
-    write(tmp_path, "right", UNARY.format(name="right"), RENDEZVOUS % 3)
+    meeting = tmp_path_factory.mktemp("rendezvous")  # not in the repository, where it would be a model
+    for me, other, factor in (("left", "right", 2), ("right", "left", 3)):
+        write(tmp_path, me, UNARY.format(name=me), RENDEZVOUS % {"dir": str(meeting), "me": me, "other": other,
+                                                                 "factor": factor})
     for name, steps in ENSEMBLES.items():
         write(tmp_path, name, ENSEMBLE_HEAD.format(name=name) + f"ensemble_scheduling {{ step [ {steps} ] }}", None)
     return tmp_path

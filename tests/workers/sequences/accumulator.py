@@ -3,7 +3,8 @@
 ``accumulator``: X (INT32 [1]) is added to the implicit state ACC; SUM is the
 new total. It echoes its control inputs (START, END, READY, CORRID) and how
 many rows its batch had, so tests can see what the sequence batcher fed it,
-and the pid of the worker process that ran it.
+and the pid of the process that ran it: the instance process, whose parent is
+the worker.
 """
 
 from __future__ import annotations

@@ -97,3 +97,17 @@ def test_direct_spreads_sequences_over_instances() -> None:
     for sequence_id in (1, 2, 3):
         step(t, sequence_id, 0.0)
     assert [t.get(s).slot for s in (1, 2, 3)] == [0, 4, 1]
+
+
+def test_a_step_waiting_for_its_busy_instance_is_not_due_until_that_batch_ends() -> None:
+    """Else the driver's loop, told the step is already due, would spin until the instance is free."""
+    for strategy in ("direct", "oldest"):
+        t = table(strategy=strategy, rows=2, instances=1, idle_s=10.0)
+        step(t, 1, 0.0)
+        running = t.take(0.0)
+        step(t, 2, 0.1)
+        assert t.take(0.2) is None
+        assert t.next_due(0.2) is None, strategy  # nothing, until the running batch ends
+        t.finish(running, 0.3)
+        assert t.next_due(0.3) == 0.1, strategy
+        assert rows(t.take(0.3)) == ([None, 2] if strategy == "direct" else [2])
