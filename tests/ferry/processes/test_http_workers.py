@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,11 +55,23 @@ def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     try:
         wait_ready(f"http://127.0.0.1:{port}", process)
         _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS, "every HTTP process started")
+        # Each gateway learns the worker's models from its heartbeats, every 0.5 s: the model is
+        # ready everywhere once new connections, spread over the processes, all say so.
+        _wait(lambda: all(_model_ready(port) for _ in range(4 * HTTP_WORKERS)), "add_sub ready on every process")
         yield f"127.0.0.1:{port}", process
     finally:
         process.terminate()
         process.wait(timeout=60)
         log.close()
+
+
+def _model_ready(port: int) -> bool:
+    """One readiness probe on a new connection (so on any of the processes)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/add_sub/ready", timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 def _wait(condition, what: str, timeout_s: float = 60.0) -> None:
