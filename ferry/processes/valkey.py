@@ -70,8 +70,11 @@ class EmbeddedValkey:
         command = [str(binary), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self._dir,
                    "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
                    "--logfile", str(self._log)]
+        # A session of its own: Ctrl-C reaches the terminal's whole process group, and the server
+        # must outlive the HTTP processes and the worker while they drain; the supervisor stops it last.
         self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                                         stderr=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=die_with_parent)
         self._wait_ready()
         log.info("valkey.started", port=self.port, pid=self._process.pid)
 

@@ -4,6 +4,7 @@ official tritonclient."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -42,15 +43,17 @@ def http_pids(pid: int) -> set[int]:
     return {child for child, name in children(pid).items() if name.startswith("ferry-http-")}
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+@contextlib.contextmanager
+def serving(tmp_path: Path, new_session: bool = False) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``ferry serve --http-workers 4`` on add_sub; with ``new_session``, in a process group of its
+    own, as a terminal runs a command."""
     shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "repo" / "add_sub")
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path / "repo"),
          "--host", "127.0.0.1", "--http-port", str(port), "--http-workers", str(HTTP_WORKERS), "--log-format", "json"],
-        stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=new_session,
     )
     try:
         wait_ready(f"http://127.0.0.1:{port}", process)
@@ -63,6 +66,12 @@ def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         process.terminate()
         process.wait(timeout=60)
         log.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with serving(tmp_path) as started:
+        yield started
 
 
 def _model_ready(port: int) -> bool:
@@ -129,6 +138,19 @@ def test_stopping_the_command_stops_every_process(served) -> None:
     process.terminate()
     assert process.wait(timeout=60) == 0
     _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in family), "every child gone", 15)
+
+
+def test_ctrl_c_to_the_whole_process_group_stops_every_process_cleanly(tmp_path: Path) -> None:
+    """The terminal signals every process of the group at once: the bundled Valkey server, in a
+    session of its own, must outlive the HTTP processes and the worker while they stop."""
+    with serving(tmp_path, new_session=True) as (url, process):
+        assert _add(url, 20, seed=3) == 20
+        family = set(children(process.pid))
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in family), "every child gone", 15)
+    events = (tmp_path / "serve.log").read_text()
+    assert "reader.failed" not in events and "worker.fetch_failed" not in events
 
 
 def test_a_port_already_taken_fails_the_command_at_once(tmp_path: Path) -> None:
