@@ -45,7 +45,10 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
             if args.retry_failures is None:
                 args.retry_failures = False  # as on the embedded broker: one worker, no one else to retry
             args.broker = stack.enter_context(EmbeddedValkey()).url
-        reserved = stack.enter_context(shared_port_socket(args.host, args.http_port))
+        try:
+            reserved = stack.enter_context(shared_port_socket(args.host, args.http_port))
+        except OSError as exc:
+            raise SystemExit(f"ferry: cannot listen on {args.host}:{args.http_port}: {exc.strerror or exc}") from None
         port = int(reserved.getsockname()[1])
         children = [_gateway(args, port, index) for index in range(count)]
         if args.command == "serve":
