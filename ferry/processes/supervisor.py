@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ferry.processes.linux import die_with_parent, name_process
+from workers.linux import die_with_parent, name_process
 
 log = structlog.get_logger("ferry.processes")
 

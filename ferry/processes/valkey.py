@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from ferry.processes.linux import die_with_parent
+from workers.linux import die_with_parent
 
 log = structlog.get_logger("ferry.valkey")
 

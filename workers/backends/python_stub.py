@@ -18,7 +18,6 @@ Linux), and it exits when its socket closes.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -27,8 +26,8 @@ from collections.abc import Callable
 
 from workers.backends.python import PythonBackend
 from workers.backends.python_wire import Channel, ChannelClosed, Tensors, context_from, error_body
+from workers.linux import die_with_parent
 
-_PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str]) -> int:
@@ -110,9 +109,7 @@ def _unloaded(backend: PythonBackend) -> Tensors:
 
 def _die_with(worker_pid: int) -> None:
     """Have the kernel SIGKILL this process when its worker dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != worker_pid:  # the worker died before the line above took effect
         raise SystemExit(0)
 
