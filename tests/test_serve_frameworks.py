@@ -3,7 +3,6 @@ tritonclient; every answer is checked against the framework run directly."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ml_dtypes
@@ -131,9 +130,10 @@ def test_fp16_bf16_int64_and_bool_cross_the_wire(client):
 @pytest.mark.parametrize("model", ["ov_cnn", "ov_cnn_onnx"])
 def test_openvino_matches_onnxruntime(client, repository, model):
     session = ort.InferenceSession(str(repository.parent / "cnn.onnx"), providers=["CPUExecutionProvider"])
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda rows: client.infer(model, [tensor("IMAGE", images(rows), "FP32")]),
-                                (1, 2, 3, 4)))
+    # Four requests in flight at once, through the client's own async_infer: a tritonclient.http
+    # client runs on gevent and must not be shared between threads.
+    pending = [client.async_infer(model, [tensor("IMAGE", images(rows), "FP32")]) for rows in (1, 2, 3, 4)]
+    results = [request.get_result() for request in pending]
     for rows, result in zip((1, 2, 3, 4), results):
         expected = session.run(["LOGITS"], {"IMAGE": images(rows)})[0]
         np.testing.assert_allclose(result.as_numpy("LOGITS"), expected, rtol=1e-4, atol=1e-5)

@@ -21,6 +21,7 @@ import pytest
 import tritonclient.http as triton
 
 from ferry.processes.http_workers import default_http_workers
+from tests.procfs import child_pids
 from tests.servers import free_port, wait_ready
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
@@ -30,12 +31,11 @@ HTTP_WORKERS = 4
 def children(pid: int) -> dict[int, str]:
     """The child processes of ``pid``, each with its name (``ferry-http-0``, ``ferry-worker``, ``valkey-server``)."""
     found: dict[int, str] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                found[int(child)] = Path(f"/proc/{child}/comm").read_text().strip()
-            except FileNotFoundError:
-                pass  # gone since
+    for child in child_pids(pid):
+        try:
+            found[child] = Path(f"/proc/{child}/comm").read_text().strip()
+        except FileNotFoundError:
+            pass  # gone since
     return found
 
 

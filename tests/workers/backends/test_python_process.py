@@ -18,6 +18,7 @@ import pytest
 
 from broker.envelope import Request, WireTensor
 from tests.models import COUNTDOWN, COUNTDOWN_CONFIG, write_python_model
+from tests.procfs import child_pids
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError
 from workers.repository.layout import ModelRepository
 from workers.runner import ModelRunner, error_of
@@ -90,12 +91,7 @@ async def started(tmp_path: Path, count: int = 1, mode: str = "yes", source: str
 
 def stub_children(pid: int | None = None) -> set[int]:
     """The live instance processes whose parent is ``pid`` (this process)."""
-    found = set()
-    for task in Path(f"/proc/{pid or os.getpid()}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if alive(int(child)) and STUB in _cmdline(int(child)):
-                found.add(int(child))
-    return found
+    return {child for child in child_pids(pid) if alive(child) and STUB in _cmdline(child)}
 
 
 def alive(pid: int) -> bool:
