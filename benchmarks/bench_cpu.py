@@ -31,7 +31,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the pat
 
 from benchmarks import cpu, fleet_procs  # noqa: E402
 from benchmarks.cpu_report import FLOOR, Point, Report, point_line, print_report, write_json  # noqa: E402
-from benchmarks.identity_models import PAYLOADS, Payload, write_identity_models  # noqa: E402
+from benchmarks.identity_models import DEFAULT_SIZES, PAYLOADS, Payload, write_identity_models  # noqa: E402
 from benchmarks.loadgen import LoadSpec, Target, event_loop_runner, infer_request, probe, run_load  # noqa: E402
 from benchmarks.server import (  # noqa: E402
     HOST, ServerError, ferry_server, free_port, stop_process, wait_ready,
@@ -55,10 +55,11 @@ class BenchSettings:
     warmup_s: float = WINDOWS.full.warmup_s
     out: Path = DEFAULT_OUT
     rows: tuple[str, ...] = ROWS
-    sizes: tuple[str, ...] = tuple(p.key for p in PAYLOADS)
+    sizes: tuple[str, ...] = DEFAULT_SIZES
     concurrency: int = 32
     batching: bool = False
     http_workers: int | None = None   # None: ferry's default
+    ferry_args: tuple[str, ...] = ()  # for every ferry process: serve, gateway and worker
 
     @property
     def payloads(self) -> tuple[Payload, ...]:
@@ -68,10 +69,14 @@ class BenchSettings:
     def http_args(self) -> tuple[str, ...]:
         return () if self.http_workers is None else ("--http-workers", str(self.http_workers))
 
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        return (*self.http_args, *self.ferry_args)
+
     def to_json(self) -> dict[str, object]:
         return {"duration_s": self.duration_s, "warmup_s": self.warmup_s, "rows": list(self.rows),
                 "sizes": list(self.sizes), "concurrency": self.concurrency, "batching": self.batching,
-                "http_workers": self.http_workers,
+                "http_workers": self.http_workers, "ferry_args": list(self.ferry_args),
                 "models": {p.key: {"name": p.model, "datatype": p.datatype, "dims": list(p.dims),
                                    "tensor_bytes": p.nbytes} for p in self.payloads}}
 
@@ -92,19 +97,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=_choices(ROWS), default=ROWS,
                         help=f"rows to run, comma-separated (default {','.join(ROWS)})")
     sizes = tuple(p.key for p in PAYLOADS)
-    parser.add_argument("--sizes", type=_choices(sizes), default=sizes,
-                        help="bodies to send: small (16 x FP32), large (3x224x224 FP16); default both")
+    parser.add_argument("--sizes", type=_choices(sizes), default=DEFAULT_SIZES,
+                        help="bodies to send: small (16 x FP32), large (3x224x224 FP16), huge (1024x1024 FP32, "
+                             "4 MB); default small,large")
     parser.add_argument("--concurrency", type=int, default=32, help="keep-alive clients (default 32)")
     parser.add_argument("--batching", action="store_true",
                         help="models with max_batch_size 64 and dynamic batching (default: max_batch_size 0)")
     parser.add_argument("--http-workers", type=int, help="passed to ferry serve and ferry gateway")
+    parser.add_argument("--ferry-args", default="", help="more options for every ferry process, space-separated "
+                                                         "(e.g. '--claim-check-store none')")
     return parser
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     args = _parser().parse_args(argv)
     return BenchSettings(**asdict(WINDOWS.chosen(args)), out=args.out, rows=args.rows, sizes=args.sizes,
-                         concurrency=args.concurrency, batching=args.batching, http_workers=args.http_workers)
+                         concurrency=args.concurrency, batching=args.batching, http_workers=args.http_workers,
+                         ferry_args=tuple(args.ferry_args.split()))
 
 
 # --- the servers --------------------------------------------------------------
@@ -133,7 +142,7 @@ def floor_server(log_path: Path) -> Iterator[Running]:
 
 @contextlib.contextmanager
 def embedded_server(repository: Path, scratch: Path, settings: BenchSettings) -> Iterator[Running]:
-    with ferry_server(repository, scratch / "serve.log", READY_TIMEOUT_S, settings.http_args) as server:
+    with ferry_server(repository, scratch / "serve.log", READY_TIMEOUT_S, settings.serve_args) as server:
         yield Running(server.host, server.port, {"serve": (server.pid,)})
 
 
@@ -148,7 +157,8 @@ def fleet_server(kind: str, repository: Path, scratch: Path, settings: BenchSett
     models = [p.model for p in settings.payloads]
     with starter() as broker:
         url = fleet_procs.fresh_url(broker)
-        with fleet_procs.fleet(repository, url, 1, models[0], logs, settings.http_args) as running:
+        with fleet_procs.fleet(repository, url, 1, models[0], logs, settings.http_args,
+                               settings.ferry_args) as running:
             for model in models[1:]:
                 _wait_serving(url, model)
             yield Running(running.host, running.port,

@@ -75,12 +75,13 @@ def fresh_url(broker: Broker) -> str:
 
 @contextlib.contextmanager
 def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Path,
-          gateway_args: Sequence[str] = ()) -> Iterator[Fleet]:
-    """A gateway (with ``gateway_args``, e.g. ``--http-workers``) and ``workers`` workers, ready
+          gateway_args: Sequence[str] = (), common_args: Sequence[str] = ()) -> Iterator[Fleet]:
+    """A gateway (with ``gateway_args``, e.g. ``--http-workers``) and ``workers`` workers (both
+    with ``common_args``, e.g. ``--claim-check-store none``), ready
     once the gateway is and every worker serves ``model``: its heartbeat names it (Redis), or it
     holds partitions of its group (Kafka)."""
     with contextlib.ExitStack() as stack:
-        common = ["--broker", broker_url, "--model-repository", str(repository)]
+        common = ["--broker", broker_url, "--model-repository", str(repository), *common_args]
         # Several workers on one host: none takes the default metrics port 8002.
         procs = [stack.enter_context(_running(["worker", *common, "--metrics-port", "0"],
                                               logs / f"worker-{index}.log"))

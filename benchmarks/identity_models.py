@@ -54,7 +54,9 @@ class Payload:
 
 SMALL = Payload("small", "identity_fp32", "FP32", (16,), TensorProto.FLOAT, "TYPE_FP32")
 LARGE = Payload("large", "identity_fp16", "FP16", (3, 224, 224), TensorProto.FLOAT16, "TYPE_FP16")
-PAYLOADS = (SMALL, LARGE)
+HUGE = Payload("huge", "identity_fp32_4mb", "FP32", (1024, 1024), TensorProto.FLOAT, "TYPE_FP32")
+PAYLOADS = (SMALL, LARGE, HUGE)
+DEFAULT_SIZES = (SMALL.key, LARGE.key)  # huge (4 MB, past the claim-check threshold) when asked for
 
 
 def write_identity_models(repository: Path, batching: bool) -> None:

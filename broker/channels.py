@@ -113,3 +113,9 @@ def control_group(worker_id: str, prefix: str = PREFIX) -> str:
 
 def control_reply_channel(gateway_id: str, prefix: str = PREFIX) -> str:
     return f"{prefix}.control.replies.{gateway_id}"
+
+
+def claim_key(claim_id: str, prefix: str = PREFIX) -> str:
+    """A claim-checked tensor's bytes in Redis: a key of its own, without a hash
+    tag, so that a Redis Cluster spreads them over its slots."""
+    return f"{prefix}.claim.{claim_id}"

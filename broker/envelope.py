@@ -43,12 +43,17 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class WireTensor:
-    """A tensor as raw little-endian bytes (BYTES: length-prefixed elements)."""
+    """A tensor as raw little-endian bytes (BYTES: length-prefixed elements).
+
+    A claim-checked tensor travels without its bytes: ``claim`` names where
+    they wait (``broker.claims``) and ``data`` is empty until they are redeemed.
+    A redeemed tensor keeps its claim beside its bytes, and is sent on inline."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: bytes
+    claim: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,9 @@ class Request:
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     trace: dict[str, str] = field(default_factory=dict)
     created_ns: int = 0
+    # Non-empty: the sender takes claim-checked outputs of its reply itself, and this names it
+    # (its ``broker.claims.store.process_tag``), so that blobs left for it go once it is gone.
+    claim_owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,7 @@ def encode_request(request: Request) -> bytes:
         "parameters": request.parameters,
         "trace": request.trace,
         "created_ns": request.created_ns,
+        "claim_owner": request.claim_owner,
     })
 
 
@@ -144,6 +153,7 @@ def decode_request(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
         parameters=body.parameters("parameters"),
         trace=body.string_map("trace"),
         created_ns=body.integer("created_ns"),
+        claim_owner=body.string("claim_owner", limit=limits.max_name_len),
     )
 
 
@@ -199,6 +209,8 @@ def _top_level_strings(raw: bytes, keys: tuple[str, ...], max_len: int) -> dict[
 
 
 def _tensor_to_list(tensor: WireTensor) -> list[Any]:
+    if tensor.claim and not tensor.data:
+        return [tensor.name, tensor.datatype, list(tensor.shape), b"", tensor.claim]
     return [tensor.name, tensor.datatype, list(tensor.shape), tensor.data]
 
 
@@ -330,9 +342,10 @@ class _Fields:
 
     def _tensor(self, key: str, index: int, value: Any) -> WireTensor:
         where = f"{key}[{index}]"
-        if not isinstance(value, list) or len(value) != 4:
-            raise EnvelopeError(f"{where} must be [name, datatype, shape, data]")
-        name, datatype, shape, data = value
+        if not isinstance(value, list) or len(value) not in (4, 5):
+            raise EnvelopeError(f"{where} must be [name, datatype, shape, data] or [..., b'', claim]")
+        name, datatype, shape, data = value[:4]
+        claim = value[4] if len(value) == 5 else ""
         if not isinstance(name, str) or not 0 < len(name) <= self._limits.max_name_len:
             raise EnvelopeError(f"{where}: tensor name must be a non-empty string")
         if not isinstance(datatype, str) or len(datatype) > 16:
@@ -346,4 +359,8 @@ class _Fields:
                                 f"of at most {self._limits.max_dim_size}")
         if not isinstance(data, bytes):
             raise EnvelopeError(f"{where} '{name}': data must be bytes")
-        return WireTensor(name=name, datatype=datatype, shape=tuple(shape), data=data)
+        if len(value) == 5 and (not isinstance(claim, str) or not 0 < len(claim) <= self._limits.max_name_len
+                                or data):
+            raise EnvelopeError(f"{where} '{name}': a claim must be a non-empty string of at most "
+                                f"{self._limits.max_name_len} characters, with empty data")
+        return WireTensor(name=name, datatype=datatype, shape=tuple(shape), data=data, claim=claim)

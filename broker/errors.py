@@ -3,7 +3,9 @@
     BrokerError
      ├── EnvelopeError     bytes that are not a valid envelope
      ├── TransportClosed   the transport was used after aclose()
-     └── TransportError    the transport's backing service failed
+     ├── TransportError    the transport's backing service failed
+     ├── MessageTooLarge   the broker refused a message for its size (Kafka's max.message.bytes)
+     └── ClaimMissing      a claim-checked tensor's bytes are gone (expired, or never there)
 
 Foreign exceptions (redis, kafka) are translated into these at the edge.
 """
@@ -27,6 +29,14 @@ class TransportClosed(BrokerError):
 
 
 class TransportError(BrokerError):
+    pass
+
+
+class MessageTooLarge(BrokerError):
+    pass
+
+
+class ClaimMissing(BrokerError):
     pass
 
 

@@ -17,8 +17,9 @@ import asyncio
 import structlog
 
 from broker import channels
-from broker.envelope import Response, decode_response
-from broker.errors import EnvelopeError
+from broker.claims.check import Claims, NoClaims
+from broker.envelope import ErrorInfo, Response, decode_response
+from broker.errors import BrokerError, EnvelopeError
 from broker.reader import ChannelReader
 from broker.transport import Delivery, Transport
 
@@ -32,8 +33,10 @@ class ReplyRouter:
         owner_id: str,
         prefix: str = channels.PREFIX,
         poll_timeout_s: float = 1.0,
+        claims: Claims = NoClaims(),
     ) -> None:
         self.channel = channels.reply_channel(owner_id, prefix)
+        self._claims = claims
         self._waiting: dict[str, asyncio.Future[Response]] = {}
         self._streams: dict[str, asyncio.Queue[Response]] = {}
         self._reader = ChannelReader(transport, self.channel, channels.reply_group(owner_id, prefix),
@@ -70,6 +73,7 @@ class ReplyRouter:
         except EnvelopeError as exc:
             log.warning("replies.bad_message", channel=self.channel, error=str(exc))
             return
+        response = await self._redeemed(response)
         queue = self._streams.get(response.id)
         if queue is not None:
             if response.final:
@@ -81,3 +85,14 @@ class ReplyRouter:
             log.debug("replies.unclaimed", request_id=response.id)
         elif not future.done():
             future.set_result(response)
+
+    async def _redeemed(self, response: Response) -> Response:
+        """The reply with its claim-checked outputs' bytes, or an error in its
+        place when they cannot be read: the waiting client is told, not left hanging."""
+        try:
+            return await self._claims.redeem_response(response)
+        except BrokerError as exc:
+            log.warning("replies.claims_unreadable", request_id=response.id, error=str(exc))
+            return Response(id=response.id, model=response.model, model_version=response.model_version,
+                            error=ErrorInfo("unavailable", f"the reply's outputs could not be read: {exc}"),
+                            parameters=response.parameters, final=response.final)

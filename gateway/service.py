@@ -20,6 +20,7 @@ client waited out the reply timeout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,8 @@ from dataclasses import dataclass, replace
 from structlog.contextvars import bound_contextvars
 
 from broker import channels
+from broker.claims.check import Claims, NoClaims
+from broker.errors import BrokerError
 from broker.envelope import DEFAULT_LIMITS, Limits, Request, Response, WireTensor, encode_request
 from broker.transport import Transport
 from gateway.admission import QueueLimits
@@ -64,8 +67,10 @@ class InferenceService:
         wall_ns: Callable[[], int] = time.time_ns,
         limits: QueueLimits | None = None,
         tracer: RequestTracer | None = None,
+        claims: Claims = NoClaims(),
     ) -> None:
         self._transport = transport
+        self._claims = claims
         self.tracer: RequestTracer = tracer or UNTRACED
         self._limits = limits
         self._router = router
@@ -177,12 +182,22 @@ class InferenceService:
         config = self.catalog.entry(request.model).config
         channel = channel or channels.request_channel(request.model, self._settings.channel_prefix,
                                                       config.priority_level(request.priority))
-        payload = _encoded(request)
         if self._limits is None:
-            await self._transport.publish(channel, payload, key=_key(request))
+            await self._send(channel, request)
             return
         async with self._limits.admission(request.model, config):
-            await self._transport.publish(channel, payload, key=_key(request))
+            await self._send(channel, request)
+
+    async def _send(self, channel: str, request: Request) -> None:
+        """Large inputs claim-checked, then the envelope published. Its reply comes back
+        claim-checked only where this gateway reads it itself (not a job's)."""
+        stashed = await self._claims.stash_request(request, claim_outputs=request.reply_to == self._router.channel)
+        try:
+            await self._transport.publish(channel, _encoded(stashed), key=_key(request))
+        except BaseException:
+            with contextlib.suppress(BrokerError):  # else they expire
+                await self._claims.release(stashed)
+            raise
 
 
 def _encoded(request: Request, limits: Limits = DEFAULT_LIMITS) -> bytes:

@@ -6,7 +6,7 @@ was not taken, and the same request may well succeed in a moment.
 
 from __future__ import annotations
 
-from broker.errors import TransportClosed, TransportError
+from broker.errors import MessageTooLarge, TransportClosed, TransportError
 from gateway.errors import (
     ClientDisconnected, FeatureDisabled, GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable,
     PayloadTooLarge, QueueFull, RegionNotFound, UpstreamTimeout,
@@ -15,7 +15,7 @@ from workers.errors import ModelNotFound, WorkerError
 
 BROKER_DOWN = (TransportError, TransportClosed)
 # What a route answers with its status; any other exception is a bug, and a 500.
-ANSWERED: tuple[type[Exception], ...] = (GatewayError, WorkerError, *BROKER_DOWN)
+ANSWERED: tuple[type[Exception], ...] = (GatewayError, WorkerError, MessageTooLarge, *BROKER_DOWN)
 BROKER_RETRY_AFTER_S = 1
 
 _BY_CODE = {
@@ -31,6 +31,7 @@ _BY_CODE = {
 
 _BY_CLASS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     (PayloadTooLarge, 413),
+    (MessageTooLarge, 413),
     (InvalidRequest, 400),
     (ModelUnavailable, 503),
     (UpstreamTimeout, 504),

@@ -52,11 +52,13 @@ from typing import Any
 
 import structlog
 
+from broker.errors import MessageTooLarge
 from broker.transport import Delivery, Headers
 from broker.transports.base import BaseTransport
 from broker.transports.kafka_api import (
-    FAST_CRC, KafkaAdminClient, KafkaConnectionError, KafkaError, KafkaProducer, OffsetSpec,
-    TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError, reachable,
+    FAST_CRC, ConfigResource, ConfigResourceType, KafkaAdminClient, KafkaConnectionError, KafkaError,
+    KafkaProducer, MessageSizeTooLargeError, OffsetSpec, TopicAlreadyExistsError, TopicPartition,
+    UnknownTopicOrPartitionError, reachable,
 )  # fmt: skip
 from broker.transports.kafka_marks import ATTEMPTS_HEADER, KEY_HEADER
 from broker.transports.kafka_member import GroupMember
@@ -71,6 +73,9 @@ COORDINATOR_RETRY_S = 10.0
 COORDINATOR_BACKOFF_S = 0.2
 # The transport's own headers, which ``release`` sets afresh.
 OWN_HEADERS = frozenset({ATTEMPTS_HEADER, KEY_HEADER})
+# A record batch header (61 bytes) and one record's own framing, with room to spare: a payload
+# within this much of a topic's max.message.bytes is refused before it is sent.
+RECORD_BATCH_OVERHEAD = 256
 
 
 class KafkaTransport(BaseTransport):
@@ -91,6 +96,7 @@ class KafkaTransport(BaseTransport):
         self._members: dict[tuple[str, str], GroupMember] = {}
         self._topics: set[str] = set()
         self._warm: dict[str, tuple[int, ...]] = {}  # topic -> its partitions, once the producer knows them
+        self._limits: dict[str, int | None] = {}  # topic -> its max.message.bytes, read when warmed up
         self._turns: dict[str, int] = {}
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
@@ -199,17 +205,49 @@ class KafkaTransport(BaseTransport):
             if topic not in self._warm:
                 # The first send to a topic waits for its metadata; later ones only append to a buffer.
                 await self._blocking(self._warm_up, topic)
+            self._check_size(topic, payload, key, headers)
             sent = self._producer_client().send(topic, value=bytes(payload), key=key, headers=list(headers),
                                                 partition=None if key is not None else self._next_partition(topic))
             sent.add_callback(lambda metadata: _settle(loop, done, metadata, None))
             sent.add_errback(lambda error: _settle(loop, done, None, error))
-            metadata = await done
+            try:
+                metadata = await done
+            except MessageSizeTooLargeError:
+                # Refused by a broker limit below the topic's (message.max.bytes). kafka-python's producer
+                # fails every later send after this, so the next send gets a new one.
+                await self._blocking(self._drop_producer)
+                raise MessageTooLarge(_too_large(len(payload), topic, "the broker's message.max.bytes")) from None
         return f"{metadata.partition}-{metadata.offset}"
+
+    def _check_size(self, topic: str, payload: bytes, key: bytes | None, headers: Headers) -> None:
+        """Refuse here what the topic would refuse: a record over its ``max.message.bytes``."""
+        limit = self._limits.get(topic)
+        size = len(payload) + len(key or b"") + sum(len(name) + len(value) for name, value in headers)
+        if limit is not None and size + RECORD_BATCH_OVERHEAD > limit:
+            raise MessageTooLarge(_too_large(len(payload), topic, f"its max.message.bytes ({limit})"))
 
     def _warm_up(self, topic: str) -> None:
         with self._admin_lock:  # one producer, however many sends race to make it
             producer = self._producer_client()
+        self._limits[topic] = self._topic_limit(topic)
         self._warm[topic] = tuple(sorted(producer.partitions_for(topic) or ()))
+
+    def _topic_limit(self, topic: str) -> int | None:
+        """The topic's ``max.message.bytes``; None when the cluster will not say."""
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, configs=["max.message.bytes"])
+        try:
+            with self._admin_lock:
+                described = self._admin_client().describe_configs([resource])
+            return int(described["topic"][topic]["max.message.bytes"]["value"])
+        except (KafkaError, KeyError, TypeError, ValueError) as exc:
+            log.info("kafka.topic_limit_unknown", topic=topic, error=str(exc))
+            return None
+
+    def _drop_producer(self) -> None:
+        with self._admin_lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close(timeout=1)
 
     def _next_partition(self, topic: str) -> int | None:
         partitions = self._warm.get(topic)
@@ -312,6 +350,11 @@ def shares(total: int, parts: int) -> list[int]:
 def _position(message_id: str) -> tuple[int, int]:
     partition, _, offset = message_id.partition("-")
     return int(partition), int(offset)
+
+
+def _too_large(size: int, topic: str, limit: str) -> str:
+    return (f"a message of {size} bytes is over {limit} on topic '{topic}'; larger tensors travel beside "
+            "the message with a claim store (--claim-check-store, --claim-check-bytes)")
 
 
 def _settle(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], value: Any, error: Any) -> None:

@@ -23,10 +23,13 @@ from collections.abc import Sequence
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-    from kafka.admin import OffsetSpec
+    from kafka.admin import ConfigResource, ConfigResourceType, OffsetSpec
     from kafka.consumer.subscription_state import ConsumerRebalanceListener
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-    from kafka.errors import KafkaError, KafkaConnectionError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+    from kafka.errors import (
+        KafkaConnectionError, KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError,
+        UnknownTopicOrPartitionError,
+    )
     from kafka.record import util as _record_util
     from kafka.structs import MemberState, OffsetAndMetadata
 
@@ -50,7 +53,8 @@ def reachable(bootstrap: Sequence[str], timeout_s: float) -> bool:
 
 
 __all__ = [
-    "FAST_CRC", "ConsumerRebalanceListener", "CooperativeStickyAssignor", "KafkaAdminClient",
-    "KafkaConnectionError", "KafkaConsumer", "KafkaError", "KafkaProducer", "MemberState", "OffsetAndMetadata",
-    "OffsetSpec", "TopicAlreadyExistsError", "TopicPartition", "UnknownTopicOrPartitionError", "reachable",
+    "FAST_CRC", "ConfigResource", "ConfigResourceType", "ConsumerRebalanceListener", "CooperativeStickyAssignor",
+    "KafkaAdminClient", "KafkaConnectionError", "KafkaConsumer", "KafkaError", "KafkaProducer", "MemberState",
+    "MessageSizeTooLargeError", "OffsetAndMetadata", "OffsetSpec", "TopicAlreadyExistsError", "TopicPartition",
+    "UnknownTopicOrPartitionError", "reachable",
 ]  # fmt: skip

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from broker import channels
+from broker.claims.check import ClaimSettings
 from gateway.http_server import ConnectionLimits
 from gateway.jobs import DEFAULT_TTL_S
 from workers.control.messages import MODES
@@ -24,6 +25,15 @@ def common_options() -> argparse.ArgumentParser:
     options.add_argument("--job-store", default="",
                          help="where async jobs live: redis://HOST:PORT/DB (default: the broker's Redis, "
                               "else the gateway's memory)")
+    options.add_argument("--claim-check-store", default="",
+                         help="where tensors of --claim-check-bytes or more travel instead of inside the broker "
+                              "message: redis://HOST:PORT/DB, shm (/dev/shm, every process on one host), or none "
+                              "(default: the broker's Redis, on Kafka the --job-store Redis, else none)")
+    options.add_argument("--claim-check-bytes", type=int, default=None,
+                         help="the size from which a tensor is claim-checked (default: 65536 through shm, "
+                              "524288 through Redis; 0: never)")
+    options.add_argument("--claim-check-ttl-s", type=float, default=ClaimSettings().ttl_s,
+                         help="how long claim-checked bytes a crash left behind are kept")
     options.add_argument("--model-control-mode", choices=MODES, default="none",
                          help="none: load every model at start, refuse load/unload; poll: also reload what "
                               "changes in the repository; explicit: load --load-model models, then on request")

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from broker.claims.check import ClaimSettings
 from ferry.wiring.settings import ServeSettings, WorkerProcessSettings
 from gateway.app import HttpSettings
 from gateway.http_server import ConnectionLimits
@@ -27,6 +28,7 @@ def worker_process_settings(args: argparse.Namespace) -> WorkerProcessSettings:
     return WorkerProcessSettings(
         args.model_repository, args.broker, worker_settings(args), HeartbeatSettings(args.heartbeat_s),
         job_store_url=args.job_store, session_store_url=args.session_store, telemetry=telemetry(args),
+        claim_store_url=args.claim_check_store, claims=claims(args),
     )
 
 
@@ -39,6 +41,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
                                 route_sequences=urlsplit(args.broker).scheme == "redis"),
         job_ttl_s=args.job_ttl_s,
         job_store_url=args.job_store,
+        claim_store_url=args.claim_check_store,
+        claims=claims(args),
         management=ManagementSettings(control(args), args.model_load_timeout_s),
         telemetry=telemetry(args),
     )
@@ -63,6 +67,16 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
     settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
                               control=control(args), dead_letters=dead_letters(args))
     return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
+
+
+def claims(args: argparse.Namespace) -> ClaimSettings:
+    if args.claim_check_store not in ("", "none", "shm") and urlsplit(args.claim_check_store).scheme != "redis":
+        raise SystemExit("ferry: --claim-check-store: expected redis://HOST:PORT/DB, shm or none, "
+                         f"got {args.claim_check_store!r}")
+    try:
+        return ClaimSettings(args.claim_check_bytes, args.claim_check_ttl_s)
+    except ValueError as exc:
+        raise SystemExit(f"ferry: --claim-check-bytes / --claim-check-ttl-s: {exc}") from None
 
 
 def dead_letters(args: argparse.Namespace) -> DeadLetterSettings:

@@ -44,6 +44,8 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
         if urlsplit(args.broker).scheme == "memory":
             if args.retry_failures is None:
                 args.retry_failures = False  # as on the embedded broker: one worker, no one else to retry
+            if not args.claim_check_store:
+                args.claim_check_store = "shm"  # every process is on this host (docs/claim-check.md)
             args.broker = stack.enter_context(EmbeddedValkey()).url
         try:
             reserved = stack.enter_context(shared_port_socket(args.host, args.http_port))

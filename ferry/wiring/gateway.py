@@ -14,7 +14,7 @@ from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.gateway_side import GatewaySide, Sources
 from ferry.wiring.readiness import FleetReadiness
 from ferry.wiring.settings import ServeSettings
-from ferry.wiring.stores import live_workers, open_heartbeats, open_jobs_store
+from ferry.wiring.stores import claim_store_url, live_workers, open_claims, open_heartbeats, open_jobs_store
 from gateway.catalog import ModelCatalog
 from workers.control.client import ControlClient
 from workers.repository.layout import ModelRepository
@@ -34,13 +34,15 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
     # The local id is never live here: a gateway alone waits on the fleet's heartbeats.
     control = ControlClient(transport, settings.gateway_id, live_workers(heartbeats, ""), prefix)
     tracing = open_tracing(settings.telemetry.trace, GATEWAY_SERVICE)
+    claims = open_claims(claim_store_url(settings.broker_url, settings.claim_store_url, settings.job_store_url),
+                         settings.claims, prefix)
     front = GatewaySide.build(settings, transport, catalog, store, control,
-                              Sources(readiness.workers, heartbeats.beats), tracing)
+                              Sources(readiness.workers, heartbeats.beats), tracing, claims)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            close_later(stack, tracing, transport, heartbeats)
+            close_later(stack, tracing, transport, heartbeats, claims)
             await start_all(stack, readiness)
             await front.start(stack)
             yield

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
+from broker.claims.check import Claims
 from broker.replies import ReplyRouter
 from broker.transport import Transport
 from ferry.wiring.lifecycle import close_later, start_all
@@ -59,11 +60,12 @@ class GatewaySide:
 
     @classmethod
     def build(cls, settings: ServeSettings, transport: Transport, catalog: ModelCatalog, store: JobStore,
-              control: ControlClient, sources: Sources, tracing: Tracing | None) -> GatewaySide:
+              control: ControlClient, sources: Sources, tracing: Tracing | None, claims: Claims) -> GatewaySide:
         prefix = settings.service.channel_prefix
-        router = ReplyRouter(transport, settings.gateway_id, prefix)
+        router = ReplyRouter(transport, settings.gateway_id, prefix, claims=claims)
         service = InferenceService(transport, router, catalog, settings.service,
-                                   limits=QueueLimits(transport, prefix), tracer=gateway_tracer(tracing))
+                                   limits=QueueLimits(transport, prefix), tracer=gateway_tracer(tracing),
+                                   claims=claims)
         jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
         metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
                                   sources.stats, sources.local_worker)

@@ -20,7 +20,7 @@ from broker.transports import open_transport
 from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.gateway_side import GatewaySide, Sources
 from ferry.wiring.settings import ServeSettings
-from ferry.wiring.stores import live_workers, open_heartbeats, open_jobs_store
+from ferry.wiring.stores import claim_store_url, live_workers, open_claims, open_heartbeats, open_jobs_store
 from ferry.wiring.worker_side import WorkerSide
 from gateway.catalog import ModelCatalog
 from gateway.dashboard import local_beats
@@ -36,7 +36,10 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
     repository = ModelRepository(settings.model_repository)
     store = open_jobs_store(settings.broker_url, settings.job_store_url, settings.job_ttl_s, prefix)
     tracing = open_tracing(settings.telemetry.trace, SERVE_SERVICE)
-    back = WorkerSide.build(transport, repository, settings.worker, settings.telemetry, tracing, job_gate=store)
+    claims = open_claims(claim_store_url(settings.broker_url, settings.claim_store_url, settings.job_store_url),
+                         settings.claims, prefix)
+    back = WorkerSide.build(transport, repository, settings.worker, settings.telemetry, tracing, job_gate=store,
+                            claims=claims)
     worker, stats = back.worker, back.stats
     heartbeats = open_heartbeats(settings.broker_url, transport, worker.worker_id, prefix)
     heartbeat = None if heartbeats is None else back.heartbeat(heartbeats, settings.heartbeat)
@@ -46,12 +49,12 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> St
                                                              stats.to_wire if stats else None)
     # The local worker is live while this process is; workers elsewhere have their own /metrics.
     sources = Sources(lambda: (worker.worker_id,), beats, stats, worker.worker_id)
-    front = GatewaySide.build(settings, transport, catalog, store, control, sources, tracing)
+    front = GatewaySide.build(settings, transport, catalog, store, control, sources, tracing, claims)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            close_later(stack, tracing, transport, heartbeats)
+            close_later(stack, tracing, transport, heartbeats, claims)
             # The worker first: the dashboard's first sample and the metrics see its models loaded.
             # On the in-memory broker nothing outlives the process: no drain.
             await back.start(stack, catalog.index, drain=heartbeat is not None)

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.claims.check import ClaimSettings
 from gateway.app import HttpSettings
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.management import ManagementSettings
@@ -28,6 +29,8 @@ class ServeSettings:
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     job_ttl_s: float = DEFAULT_TTL_S
     job_store_url: str = ""  # default: the broker's Redis, else this process
+    claim_store_url: str = ""  # default: the broker's Redis, else the job store's, else none
+    claims: ClaimSettings = ClaimSettings()
     management: ManagementSettings = ManagementSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
 
@@ -42,4 +45,6 @@ class WorkerProcessSettings:
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     job_store_url: str = ""
     session_store_url: str = ""
+    claim_store_url: str = ""
+    claims: ClaimSettings = ClaimSettings()
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)

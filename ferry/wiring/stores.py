@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from broker import channels
+from broker.claims.check import ClaimCheck, Claims, ClaimSettings, NoClaims
+from broker.claims.redis_store import RedisClaims
+from broker.claims.shm_store import ShmClaims
 from broker.transport import Transport
 from gateway.jobs import DEFAULT_TTL_S, JobStore, RedisJobStore, open_job_store
 from workers.heartbeat import HeartbeatStore, RedisHeartbeats
@@ -72,6 +75,28 @@ def open_job_gate(broker_url: str, configured: str = "", prefix: str = channels.
     gateway's memory, where a separate worker cannot see them."""
     url = job_store_url(broker_url, configured)
     return RedisJobStore(url, prefix=prefix) if scheme(url) == "redis" else None
+
+
+def claim_store_url(broker_url: str, configured: str = "", job_store: str = "") -> str:
+    """Where claim-checked tensors go: ``--claim-check-store``, else the broker's Redis, else (on
+    Kafka) the job store's Redis; ``none`` (and the in-memory broker) sends every tensor inline."""
+    if configured:
+        return configured
+    if scheme(broker_url) == "redis":
+        return broker_url
+    if scheme(broker_url) == "kafka" and scheme(job_store) == "redis":
+        return job_store
+    return "none"
+
+
+def open_claims(url: str, settings: ClaimSettings, prefix: str = channels.PREFIX) -> Claims:
+    if url == "none" or settings.threshold_bytes == 0:
+        return NoClaims()
+    if scheme(url) == "redis":
+        return ClaimCheck(RedisClaims(url, prefix), settings)
+    if url == "shm":
+        return ClaimCheck(ShmClaims(ttl_s=settings.ttl_s), settings)
+    raise ValueError(f"--claim-check-store: expected redis://HOST:PORT/DB, shm or none, got {url!r}")
 
 
 def live_workers(heartbeats: HeartbeatStore | None, local_worker: str) -> Callable[[], Awaitable[set[str]]]:

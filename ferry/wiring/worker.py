@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from broker.transports import open_transport
 from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.settings import WorkerProcessSettings
-from ferry.wiring.stores import open_heartbeats, open_job_gate, open_sessions
+from ferry.wiring.stores import claim_store_url, open_claims, open_heartbeats, open_job_gate, open_sessions
 from ferry.wiring.worker_http import WorkerHealth, WorkerHttp, worker_http_app
 from ferry.wiring.worker_side import WorkerSide
 from workers.repository.layout import ModelRepository
@@ -51,9 +51,11 @@ async def _serve(settings: WorkerProcessSettings, health: WorkerHealth, stack: c
     assert heartbeats is not None, "a worker alone needs a shared broker"
     job_gate = open_job_gate(settings.broker_url, settings.job_store_url, prefix)
     sessions = open_sessions(settings.broker_url, worker_id, heartbeats, settings.session_store_url, prefix)
-    close_later(stack, tracing, transport, heartbeats, job_gate, sessions)
+    claims = open_claims(claim_store_url(settings.broker_url, settings.claim_store_url, settings.job_store_url),
+                         settings.claims, prefix)
+    close_later(stack, tracing, transport, heartbeats, job_gate, sessions, claims)
     back = WorkerSide.build(transport, ModelRepository(settings.model_repository), settings.worker,
-                            settings.telemetry, tracing, job_gate, sessions)
+                            settings.telemetry, tracing, job_gate, sessions, claims)
     http = _worker_http(settings.telemetry, health, back.stats, worker_id)
     await start_all(stack, http)  # liveness answers while models load
     await back.start(stack)

@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import replace
 
 from broker import channels
+from broker.claims.check import Claims, NoClaims
 from broker.envelope import Request, Response, encode_request
 from broker.replies import ReplyRouter
 from broker.transport import Transport
@@ -27,9 +28,10 @@ def owner_id(worker_id: str) -> str:
 
 class BrokerStepCaller:
     def __init__(self, transport: Transport, worker_id: str, prefix: str = channels.PREFIX,
-                 poll_timeout_s: float = 1.0) -> None:
+                 poll_timeout_s: float = 1.0, claims: Claims = NoClaims()) -> None:
         self._transport = transport
-        self._router = ReplyRouter(transport, owner_id(worker_id), prefix, poll_timeout_s)
+        self._claims = claims
+        self._router = ReplyRouter(transport, owner_id(worker_id), prefix, poll_timeout_s, claims)
         self._started = False
         self._starting = asyncio.Lock()
 
@@ -52,6 +54,7 @@ class BrokerStepCaller:
         request = replace(request, reply_to=self._router.channel)
         future = self._router.expect(request.id)
         try:
+            request = await self._claims.stash_request(request, claim_outputs=True)
             await self._transport.publish(channel, encode_request(request))
             async with asyncio.timeout(timeout_s):
                 return await future

@@ -27,8 +27,9 @@ from typing import Protocol
 import structlog
 from structlog.contextvars import bind_contextvars
 
+from broker.claims.check import Claims, NoClaims
 from broker.envelope import ErrorInfo, ParamValue, Request, Response
-from broker.errors import EnvelopeError, TransportError
+from broker.errors import ClaimMissing, EnvelopeError, TransportError
 from broker.transport import Delivery
 from workers.errors import ModelNotFound
 from workers.formats.envelope import MessageFormat
@@ -76,7 +77,7 @@ class JobStarts:
 class DeliveryHandler:
     def __init__(self, models: ServedModels, replier: Replier, message_format: MessageFormat,
                  sessions: SessionRouting, jobs: JobStarts, observer: Observer, worker_id: str,
-                 wall_ns: Callable[[], int]) -> None:
+                 wall_ns: Callable[[], int], claims: Claims = NoClaims()) -> None:
         self._models = models
         self._replier = replier
         self._format = message_format
@@ -86,6 +87,7 @@ class DeliveryHandler:
         self._observer = observer
         self._worker_id = worker_id
         self._wall_ns = wall_ns
+        self._claims = claims
 
     async def handle(self, model: str, delivery: Delivery) -> None:
         received = self._wall_ns()
@@ -104,10 +106,27 @@ class DeliveryHandler:
         timeline = Timeline.of(request, self._worker_id, received)
         self._observer.received(timeline)
         try:
-            await self._handle_request(model, delivery, request, timeline)
+            redeemed = await self._redeemed(model, delivery, request, timeline)
+            if redeemed is not None:
+                await self._handle_request(model, delivery, redeemed, timeline)
         finally:
             timeline.done_ns = self._wall_ns()
             self._observer.finished(timeline)
+
+    async def _redeemed(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> Request | None:
+        """``request`` with its claim-checked inputs' bytes; None when it was answered
+        with an error instead (the bytes are gone) or left pending (the store is down)."""
+        try:
+            return await self._claims.redeem_request(request)
+        except ClaimMissing as exc:
+            response = Response(id=request.id, model=request.model, model_version=request.model_version,
+                                error=ErrorInfo("unavailable", str(exc)))
+            timeline.outcome = "unavailable"
+            await self._replier.reply(model, delivery, request, response)
+        except TransportError as exc:
+            log.warning("worker.claims_unreadable", model=model, request_id=request.id, error=str(exc))
+            timeline.outcome = RELEASED  # left pending; claimed again once idle
+        return None
 
     def _unread(self, model: str, received: int, outcome: str) -> None:
         timeline = Timeline.unread(model, self._worker_id, received)

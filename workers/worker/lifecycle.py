@@ -14,6 +14,7 @@ from collections.abc import Callable
 import structlog
 
 from broker import channels
+from broker.claims.check import Claims, NoClaims
 from broker.transport import Transport
 from workers.deadletter import DeadLetters
 from workers.ensemble.broker_caller import BrokerStepCaller
@@ -48,6 +49,7 @@ class Worker:
         sessions: SessionRouting | None = None,
         observer: Observer = NO_OBSERVER,
         wall_ns: Callable[[], int] = time.time_ns,
+        claims: Claims = NoClaims(),
     ) -> None:
         self._repository = repository
         self._settings = settings
@@ -62,16 +64,16 @@ class Worker:
         prefix = settings.channel_prefix
         dead_letters = DeadLetters(transport, prefix, message_format, settings.dead_letters, observer)
         handler = DeliveryHandler(
-            self._models, Replier(transport, message_format, dead_letters, settings.recovery), message_format,
-            self._sessions, JobStarts(job_gate, channels.job_reply_channel(prefix)), observer, settings.worker_id,
-            wall_ns)
+            self._models, Replier(transport, message_format, dead_letters, settings.recovery, claims),
+            message_format, self._sessions, JobStarts(job_gate, channels.job_reply_channel(prefix)), observer,
+            settings.worker_id, wall_ns, claims)
         self._in_flight = InFlight(handler.handle, settings.recovery.idle_s)
         channels_of = Channels(self._models, self._sessions, prefix)
         self._consumer = Consumer(transport, settings, channels_of, self._in_flight, self._active)
         self._upkeep = Upkeep(transport, settings, self._models, channels_of, self._sessions, self._in_flight,
                               self._active)
         # Ensembles' steps go to their models over the broker; replies come back here.
-        self._steps = BrokerStepCaller(transport, settings.worker_id, prefix)
+        self._steps = BrokerStepCaller(transport, settings.worker_id, prefix, claims=claims)
 
     @property
     def worker_id(self) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import structlog
 
+from broker.claims.check import Claims, NoClaims
 from broker.envelope import ErrorInfo, Request, Response
-from broker.errors import TransportError
+from broker.errors import BrokerError, MessageTooLarge, TransportError
 from broker.transport import Delivery, Reclaiming, Transport
 from workers.deadletter import DeadLetters
 from workers.formats.envelope import MessageFormat
@@ -23,27 +24,50 @@ log = structlog.get_logger("ferry.worker")
 
 class Replier:
     def __init__(self, transport: Transport, message_format: MessageFormat, dead_letters: DeadLetters,
-                 recovery: RecoverySettings) -> None:
+                 recovery: RecoverySettings, claims: Claims = NoClaims()) -> None:
         self._transport = transport
         self._format = message_format
         self._dead_letters = dead_letters
         self._recovery = recovery
+        self._claims = claims
 
     async def ack(self, delivery: Delivery) -> None:
         await self._transport.ack(delivery)
 
     async def reply(self, model: str, delivery: Delivery, request: Request, response: Response,
                     ack: bool = True) -> None:
-        reply = self._format.reply(delivery, request, response)
         try:
-            if reply is not None:
-                await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
+            response = await self._claims.stash_response(response, request)
+            try:
+                await self._publish(delivery, request, response)
+            except MessageTooLarge as exc:
+                # The answer cannot cross the broker whole: its sender is told so, in a reply that can.
+                log.warning("worker.reply_too_large", model=model, request_id=request.id, error=str(exc))
+                await self._publish(delivery, request, Response(
+                    id=response.id, model=response.model, model_version=response.model_version,
+                    error=ErrorInfo("internal", f"the reply could not be sent: {exc}"),
+                    parameters=response.parameters, final=response.final))
             if ack:
                 await self._transport.ack(delivery)
         except TransportError as exc:
             # Left unacked, so it is claimed and computed again once idle (the broker may be back by then).
             log.warning("worker.reply_failed", model=model, request_id=request.id, message_id=delivery.message_id,
                         error=str(exc), retry_after_s=self._recovery.idle_s)
+            return
+        if ack:
+            await self._release(request)
+
+    async def _publish(self, delivery: Delivery, request: Request, response: Response) -> None:
+        reply = self._format.reply(delivery, request, response)
+        if reply is not None:
+            await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
+
+    async def _release(self, request: Request) -> None:
+        """Answered and acked: its claim-checked inputs are needed no more (a TTL removes them if this fails)."""
+        try:
+            await self._claims.release(request)
+        except BrokerError as exc:
+            log.warning("worker.claims_not_released", request_id=request.id, error=str(exc))
 
     async def forward(self, delivery: Delivery, channel: str) -> None:
         try:

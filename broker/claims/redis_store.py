@@ -1,0 +1,78 @@
+"""Claim-checked bytes in Redis: one key per tensor, with a TTL.
+
+Keys carry no hash tag, so a Redis Cluster spreads the bytes over its shards.
+Each call is one pipelined round trip, however many tensors a message has.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from broker import channels
+from broker.claims.store import claim_id, process_tag
+from broker.errors import ClaimMissing, translated
+
+
+_ID = re.compile(r"[0-9a-f]{32}")
+
+
+class RedisClaims:
+    scheme = "redis"
+
+    def __init__(self, url: str, prefix: str = channels.PREFIX) -> None:
+        self._redis = aioredis.Redis.from_url(url, protocol=2)
+        self._prefix = prefix
+        self.owner = process_tag()
+
+    def _key(self, claim: str) -> str:
+        try:
+            found = claim_id(claim, self.scheme)
+        except ValueError as exc:
+            raise ClaimMissing(str(exc)) from None
+        if _ID.fullmatch(found) is None:  # a producer's claim names no other key
+            raise ClaimMissing(f"claim '{claim[:80]}' does not name a ferry claim key")
+        return channels.claim_key(found, self._prefix)
+
+    async def put(self, blobs: Sequence[bytes], ttl_s: float, owner: str) -> list[str]:
+        """``owner`` is not kept: every blob has a TTL, and Redis does not know which processes live."""
+        claims = [f"{self.scheme}:{uuid.uuid4().hex}" for _ in blobs]
+        ttl_ms = max(1, int(ttl_s * 1000))
+        with translated(RedisError, "redis claims"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for claim, blob in zip(claims, blobs):
+                    pipe.set(self._key(claim), blob, px=ttl_ms)
+                await pipe.execute()
+        return claims
+
+    async def get(self, claims: Sequence[str], delete: bool = False) -> list[bytes]:
+        keys = [self._key(claim) for claim in claims]
+        with translated(RedisError, "redis claims"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    if delete:
+                        pipe.getdel(key)
+                    else:
+                        pipe.get(key)
+                found = await pipe.execute()
+        for claim, blob in zip(claims, found):
+            if blob is None:
+                raise ClaimMissing(f"claim '{claim}' is gone from Redis (expired, or deleted once answered)")
+        return found
+
+    async def delete(self, claims: Sequence[str]) -> None:
+        if not claims:
+            return
+        keys = [self._key(claim) for claim in claims]
+        with translated(RedisError, "redis claims"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:  # one DEL per key: in a Redis Cluster they live on different slots
+                    pipe.delete(key)
+                await pipe.execute()
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
