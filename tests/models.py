@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 from onnx import TensorProto, helper
 
 from workers.datatypes import to_config_name
@@ -162,6 +163,19 @@ def write_slow_model(repo: Path, name: str, sleep_s: float, computes: str = "dou
         batching + gen.cpu_instances(1),
     )
     write_python_model(repo, name, SLOW_MODEL.format(sleep_s=sleep_s, outputs=expression), config)
+
+
+def infer_slow_model(url: str, model: str, x: np.ndarray) -> np.ndarray:
+    """``Y`` for ``X = x`` from a ``write_slow_model`` model (``double``), through tritonclient."""
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput("X", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    client = httpclient.InferenceServerClient(url, network_timeout=120.0)
+    try:
+        return client.infer(model, [tensor]).as_numpy("Y")
+    finally:
+        client.close()
 
 
 def write_slow_add_sub(repo: Path, sleep_s: float, name: str = "add_sub") -> None:

@@ -3,7 +3,6 @@ request and reply, as a key of its own, and no key outlives its request."""
 
 from __future__ import annotations
 
-import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,20 +15,14 @@ from tritonclient.utils import InferenceServerException
 from broker import channels
 from broker.transports.redis import PAYLOAD_FIELD
 from tests.fleet.processes import Fleet, wait_for
-from tests.models import write_slow_model
+from tests.models import infer_slow_model, write_slow_model
 from tests.redis_server import flushdb
 
 ELEMENTS = 1 << 20  # FP32: 4 MiB, eight times the default 512 KiB threshold
 
 
 def infer(url: str, x: np.ndarray) -> np.ndarray:
-    tensor = httpclient.InferInput("X", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    client = httpclient.InferenceServerClient(url, network_timeout=120.0)
-    try:
-        return client.infer("big", [tensor]).as_numpy("Y")
-    finally:
-        client.close()
+    return infer_slow_model(url, "big", x)
 
 
 def claim_keys(fleet: Fleet) -> list[bytes]:

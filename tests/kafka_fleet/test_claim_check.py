@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-import tritonclient.http as httpclient
 from kafka.admin import KafkaAdminClient, NewTopic
 from tritonclient.utils import InferenceServerException
 
 from broker import channels
 from tests.fleet.processes import wait_for
 from tests.kafka_fleet.processes import KafkaFleet
-from tests.models import write_slow_model
+from tests.models import infer_slow_model, write_slow_model
 from tests.redis_server import flushdb
 
 ELEMENTS = 1 << 20  # FP32: 4 MiB
@@ -24,13 +23,7 @@ TOPIC_LIMIT = 1_048_588  # Kafka's default max.message.bytes
 
 
 def infer(url: str, x: np.ndarray) -> np.ndarray:
-    tensor = httpclient.InferInput("X", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    client = httpclient.InferenceServerClient(url, network_timeout=120.0)
-    try:
-        return client.infer("big", [tensor]).as_numpy("Y")
-    finally:
-        client.close()
+    return infer_slow_model(url, "big", x)
 
 
 def tight_topic(fleet: KafkaFleet) -> None:
