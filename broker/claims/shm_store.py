@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from broker.claims.store import claim_id, process_start, process_tag
-from broker.errors import ClaimMissing
+from broker.errors import ClaimMissing, TransportError
 
 log = structlog.get_logger("ferry.broker.claims")
 
@@ -50,18 +50,26 @@ class ShmClaims:
         (a request from outside ferry) makes this process the owner."""
         self._maybe_sweep()
         owner = owner if _OWNER.fullmatch(owner) else self.owner
-        claims = []
-        for blob in blobs:
-            name = f"ferry-claim-{owner}-{uuid.uuid4().hex}"
-            fd = os.open(self._directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            claims.append(f"{self.scheme}:{name}")
+        claims: list[str] = []
+        try:
+            for blob in blobs:
+                name = f"ferry-claim-{owner}-{uuid.uuid4().hex}"
+                claims.append(f"{self.scheme}:{name}")
+                self._write(self._directory / name, blob)
+        except OSError as exc:  # /dev/shm full, say: the sender gets a 503, as for a broker that is down
+            await self.delete(claims)
+            raise TransportError(f"shm claims: cannot write in {self._directory}: {exc}") from None
         return claims
+
+    @staticmethod
+    def _write(path: Path, blob: bytes) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
 
     async def get(self, claims: Sequence[str], delete: bool = False) -> list[bytes]:
         self._maybe_sweep()
@@ -71,8 +79,10 @@ class ShmClaims:
             try:
                 blobs.append(path.read_bytes())
             except FileNotFoundError:
-                raise ClaimMissing(f"claim '{claim}' is not in {self._directory} (expired, its writer died, or "
+                raise ClaimMissing(f"claim '{claim}' is not in {self._directory} (expired, its owner died, or "
                                    "it was written on another host)") from None
+            except OSError as exc:
+                raise ClaimMissing(f"claim '{claim}' cannot be read from {self._directory}: {exc}") from None
         if delete:
             self._unlink(paths)
         return blobs

@@ -15,7 +15,7 @@ from broker.claims.check import ClaimCheck, ClaimSettings
 from broker.claims.shm_store import ShmClaims
 from broker.claims.store import process_tag
 from broker.envelope import Request, Response, WireTensor
-from broker.errors import ClaimMissing
+from broker.errors import ClaimMissing, TransportError
 
 LARGE = WireTensor("LARGE", "UINT8", (4096,), bytes(i % 251 for i in range(4096)))
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,3 +86,13 @@ def test_the_blobs_of_a_killed_owner_are_swept_and_a_live_owners_kept_until_the_
     os.utime(ours, (old, old))
     assert store.sweep() == 1
     assert blobs(tmp_path) == [] and other.exists()
+
+
+async def test_a_blob_that_cannot_be_written_is_a_transport_error_and_leaves_nothing(tmp_path: Path):
+    directory = tmp_path / "shm"
+    directory.mkdir()
+    store = ShmClaims(directory)
+    directory.rmdir()  # as good as full, for the write
+    with pytest.raises(TransportError, match="shm claims: cannot write"):
+        await store.put([b"x", b"y"], 60, store.owner)
+    assert not directory.exists()
