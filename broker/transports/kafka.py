@@ -119,6 +119,13 @@ class KafkaTransport(BaseTransport):
             partition, offset = _position(delivery.message_id)
             member.ack(delivery.channel, partition, offset)
 
+    def member_restarts(self, group: str, consumer: str) -> int:
+        """How often ``consumer``'s KafkaConsumer in ``group`` was replaced by its watch
+        (``kafka_watch``): a wedged join or a stalled fetch, each redelivering what was
+        not yet committed."""
+        member = self._members.get((group, consumer))
+        return 0 if member is None else member.restarts
+
     async def trim(self, channel: str) -> int:
         """Kafka's retention policy drops old records; nothing to do here."""
         self._check_open()

@@ -78,6 +78,7 @@ class GroupMember:
         self._topics = frozenset(topics)
         self._subscribed: frozenset[str] = frozenset()
         self._watch = Watch(settings.join_timeout_ms / 1000, settings.request_timeout_ms)
+        self.restarts = 0  # consumers the watch replaced; each may hand out again what was not committed
         self._commit_retry_at = 0.0
         self._commits_failing = False
         self._loop = asyncio.get_running_loop()
@@ -187,6 +188,7 @@ class GroupMember:
                 self._turn(consumer)
                 if reason := self._watch.verdict(consumer):
                     log.warning("kafka.member_restarted", group=self.group, consumer=self.consumer, reason=reason)
+                    self.restarts += 1
                     self._close(consumer)
                     consumer = None
                 if failing:

@@ -172,16 +172,26 @@ async def test_a_member_that_stops_fetching_keeps_its_partitions(kafka_bootstrap
     # blocking broker calls, and on a machine starved of CPU (two hogs beside the suite) a turn
     # has outlasted 1 s and 3 s; the member then rightly left the group, and its records came
     # round again.
-    config = settings(kafka_bootstrap, partitions=1, max_poll_interval_ms=10_000, buffer_records=1)
-    async with KafkaTransport(config) as transport:
-        await publish_all(transport, 5)
-        (first,) = await transport.fetch("c", "g", "a", 1, 0)
-        # Past max.poll.interval.ms: only the member's own polling keeps it in the group.
-        await asyncio.sleep(12.0)
-        await transport.ack(first)
-        rest = await drain(transport, "g", "a")
-        assert payloads([first, *rest]) == [f"m{n}".encode() for n in range(5)]
-        assert await transport.fetch("c", "g", "a", 10, 0.5) == []
+    # Under that load kafka-python also wedges, now and then, in its very first join (see
+    # kafka_watch): the watch replaces the consumer and what was not committed comes round
+    # again, as at-least-once allows. That is not what this test is about, so a try in which
+    # the member was replaced is run again, on fresh names; one without must be exact.
+    for _ in range(3):
+        config = settings(kafka_bootstrap, partitions=1, max_poll_interval_ms=10_000, buffer_records=1)
+        async with KafkaTransport(config) as transport:
+            await publish_all(transport, 5)
+            (first,) = await transport.fetch("c", "g", "a", 1, 0)
+            # Past max.poll.interval.ms: only the member's own polling keeps it in the group.
+            await asyncio.sleep(12.0)
+            await transport.ack(first)
+            rest = await drain(transport, "g", "a")
+            extra = await transport.fetch("c", "g", "a", 10, 0.5)
+            if transport.member_restarts("g", "a"):
+                continue
+            assert payloads([first, *rest]) == [f"m{n}".encode() for n in range(5)]
+            assert extra == []
+            return
+    pytest.fail("the member's first join wedged in each of 3 tries")
 
 
 async def test_a_released_delivery_comes_back_with_its_count_key_and_headers(kafka_bootstrap: str):
