@@ -191,6 +191,10 @@ class GatewayCaller:
         assert "dead-letter" in error.message() and "without completing" in error.message(), error.message()
 
     def assert_serves(self) -> None:
+        # As a client would: ready first. The survivor was started without waiting for its
+        # heartbeat, and a worker consumes before its first heartbeat reaches the gateway
+        # (learnt every 0.5 s); under two CPU hogs that gap outlasted the dead-lettering.
+        self.fleet.wait_model_ready(self.gateway, MODEL)
         assert infer(self.gateway, GOOD_VALUES[0]).tolist() == [2 * GOOD_VALUES[0]]
 
 
