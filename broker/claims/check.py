@@ -63,7 +63,9 @@ class ClaimCheck:
         self._store = store
         self._ttl_s = settings.ttl_s
         threshold = settings.threshold_bytes
-        self.threshold_bytes = DEFAULT_THRESHOLDS.get(store.scheme, 512 * 1024) if threshold is None else threshold
+        if threshold is None:
+            threshold = DEFAULT_THRESHOLDS.get(store.scheme, DEFAULT_THRESHOLDS["redis"])
+        self.threshold_bytes = threshold
 
     async def stash_request(self, request: Request, claim_outputs: bool) -> Request:
         """``request`` with its large inputs in the store; with ``claim_outputs``,
