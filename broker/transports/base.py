@@ -18,12 +18,18 @@ from broker.errors import TransportClosed, translated
 from broker.transport import Delivery
 
 
+SETTLE_S = 2.0  # how long closing waits for the calls in flight to finish
+
+
 class BaseTransport(ABC):
     service: ClassVar[str]  # names the transport in errors: "redis transport is closed"
     foreign_errors: ClassVar[tuple[type[BaseException], ...]] = ()  # the client library's, for _guarded
 
     def __init__(self) -> None:
         self._closed = False
+        self._in_flight = 0  # calls inside _guarded now
+        self._settled = asyncio.Event()  # set whenever none is
+        self._settled.set()
 
     async def __aenter__(self) -> Self:
         return self
@@ -58,10 +64,26 @@ class BaseTransport(ABC):
 
     @contextmanager
     def _guarded(self) -> Iterator[None]:
-        """Refuse if closed, and translate ``foreign_errors`` raised inside."""
+        """Refuse if closed, and translate ``foreign_errors`` raised inside; counted in flight meanwhile."""
         self._check_open()
-        with translated(self.foreign_errors, self.service, lambda: self._closed):
-            yield
+        self._in_flight += 1
+        self._settled.clear()
+        try:
+            with translated(self.foreign_errors, self.service, lambda: self._closed):
+                yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._settled.set()
+
+    async def _settle(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the calls in flight to finish (closing: before the client
+        library's connections go, so that none of them is reopened by a call still under way)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._settled.wait()
+        except TimeoutError:
+            pass
 
 
 async def wait_at_most(waiter: asyncio.Future[None], timeout_s: float) -> None:

@@ -54,7 +54,7 @@ import structlog
 
 from broker.errors import MessageTooLarge
 from broker.transport import Delivery, Headers
-from broker.transports.base import BaseTransport
+from broker.transports.base import SETTLE_S, BaseTransport
 from broker.transports.kafka_api import (
     FAST_CRC, ConfigResource, ConfigResourceType, KafkaAdminClient, KafkaConnectionError, KafkaError,
     KafkaProducer, MessageSizeTooLargeError, OffsetSpec, TopicAlreadyExistsError, TopicPartition,
@@ -109,6 +109,7 @@ class KafkaTransport(BaseTransport):
         with self._guarded():
             for channel in channels:
                 await self._ensure_topic(self._topic(channel))
+            self._check_open()  # closed meanwhile: a member made now would be one the close never saw
             member = self._member(group, consumer, channels)
             return await member.fetch(channels, max_count, timeout_s)
 
@@ -183,6 +184,7 @@ class KafkaTransport(BaseTransport):
     async def _shut_down(self) -> None:
         members, self._members = list(self._members.values()), {}
         await asyncio.gather(*(member.aclose() for member in members), return_exceptions=True)
+        await self._settle(SETTLE_S)  # calls still on the I/O thread finish before their clients close
         await asyncio.get_running_loop().run_in_executor(self._io, self._close_clients)
         self._io.shutdown(wait=False)
 

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from broker.errors import TransportClosed
 from broker.transport import Delivery, Headers
-from broker.transports.base import BaseTransport
+from broker.transports.base import SETTLE_S, BaseTransport
 
 PAYLOAD_FIELD = b"d"
 # Each header is a field of its own, named "h.<header>".
@@ -172,6 +172,9 @@ class RedisTransport(BaseTransport):
         for read in reads:
             read.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
+        # The other calls take a round trip each; a call cut off by the pool's close would be
+        # retried by redis-py on a fresh connection that nothing closes.
+        await self._settle(SETTLE_S)
         await self._redis.aclose()
         await self._pool.aclose()
 
@@ -204,6 +207,9 @@ class RedisTransport(BaseTransport):
     ) -> list[Any]:
         # BLOCK 0 would wait forever, so a zero timeout omits BLOCK instead.
         block = max(1, round(timeout_s * 1000)) if timeout_s > 0 else None
+        # Closed while this fetch awaited something else? Then _shut_down has already cancelled the reads
+        # it knew of, and a read started now would outlive the transport, perhaps never to run at all.
+        self._check_open()
         read = asyncio.ensure_future(self._redis.xreadgroup(
             group, consumer, {channel: ">" for channel in channels}, count=max_count, block=block
         ))
@@ -212,6 +218,11 @@ class RedisTransport(BaseTransport):
         try:
             reply = await read
         except asyncio.CancelledError:
+            if not read.done():
+                # Let the read take its cancellation now: a task never started, its event loop
+                # closed next, would be destroyed with its coroutine never awaited.
+                read.cancel()
+                await asyncio.gather(read, return_exceptions=True)
             if self._closed and (current is None or current.cancelling() == 0):
                 raise TransportClosed("redis transport is closed") from None
             raise

@@ -271,6 +271,17 @@ async def test_closed_transport_refuses_work_and_wakes_waiters(transport: AnyTra
     await transport.aclose()  # closing twice is harmless
 
 
+async def test_a_fetch_closed_on_before_its_read_starts_wakes_too(transport: AnyTransport):
+    # The fetch passes its open check, then waits on something else (creating its group, on
+    # Redis); closing meanwhile must still wake it, not leave a read the close never saw.
+    waiter = asyncio.create_task(transport.fetch("c", "new-group", "a", 1, 5))
+    await asyncio.sleep(0)
+    async with asyncio.timeout(2):
+        await transport.aclose()
+        with pytest.raises(TransportClosed):
+            await waiter
+
+
 async def test_redis_failures_surface_as_transport_error():
     async with RedisTransport(f"redis://127.0.0.1:{free_port()}/0") as unreachable:
         with pytest.raises(TransportError):
