@@ -24,7 +24,9 @@ from broker.envelope import ParamValue, Request, Response, WireTensor
 from workers.backends import Backend, ModelContext, create_backend
 from workers.batching.driver import DynamicBatcher
 from workers.batching.forming import BatchPolicy
-from workers.batching.tensors import batch_key, merge, rows_of, split
+from workers.batching.buffers import BatchBuffers
+from workers.batching.inline import InlineCompute
+from workers.batching.tensors import batch_key, rows_of, split
 from workers.datatypes import encode_array
 from workers.errors import ExecutionError, ModelLoadError, RequestTimeout, WorkerError
 from workers.repository.config import ModelConfig
@@ -126,12 +128,14 @@ class ModelRunner:
         self._clocks = clocks
         self._backends: list[Backend] = []
         self._idle: asyncio.Queue[Backend] = asyncio.Queue()
+        self._buffers: dict[int, BatchBuffers] = {}  # by id() of the backend instance they feed
         self._executor: ThreadPoolExecutor | None = None
         self._batcher: DynamicBatcher[_Item, Tensors] | None = None
         self._sequencer: SequenceBatcher | None = None
         self._state_store = state_store
         self._observer = observer
         self._batch_ids = (f"{uuid.uuid4().hex[:8]}-{n}" for n in itertools.count(1))
+        self._inline = InlineCompute()
 
     async def start(self) -> None:
         contexts = self._contexts()
@@ -141,6 +145,7 @@ class ModelRunner:
             backend = self._factory(context)
             await loop.run_in_executor(self._executor, backend.load)
             self._backends.append(backend)
+            self._buffers[id(backend)] = _buffers_for(backend, self.config.max_batch_size)
             if self.config.decoupled and not hasattr(backend, "infer_stream"):
                 raise ModelLoadError(f"model '{self.entry.name}' is decoupled, but its backend "
                                      f"{type(backend).__name__} sends one response per request")
@@ -173,6 +178,7 @@ class ModelRunner:
         for backend in self._backends:
             backend.unload()
         self._backends.clear()
+        self._buffers.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
@@ -280,8 +286,9 @@ class ModelRunner:
             outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
         finally:
             rows = rows_of(tensors) if self.config.max_batch_size > 0 else 1
+            end = self._clocks.wall_ns()
             self._observer.batch_ran(BatchRecord(self.entry.name, str(self.version), next(self._batch_ids),
-                                                 rows, 1, start, self._clocks.wall_ns()))
+                                                 rows, 1, start, end, infer_ns=end - start))
         missing = [o.name for o in self.config.outputs if o.name not in outputs]
         if missing:
             raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
@@ -290,31 +297,67 @@ class ModelRunner:
     async def _run_batch(self, batch: Sequence[_Item]) -> list[Tensors | BaseException]:
         backend = await self._idle.get()
         start = self._clocks.wall_ns()
+        phases = _Phases()
         try:
+            if self._inline.inline():  # cheaper than handing it to the thread (workers.batching.inline)
+                return self._compute(backend, batch, phases)
             loop = asyncio.get_running_loop()
-            # Merging and splitting copy whole batches: keep them off the event loop.
-            return await loop.run_in_executor(self._executor, self._compute, backend, batch)
+            # A batch that takes a while (merging and splitting copy whole batches) stays off the event loop.
+            return await loop.run_in_executor(self._executor, self._compute, backend, batch, phases)
         finally:
             self._idle.put_nowait(backend)
-            self._record(batch, start)
+            self._inline.took(phases.elapsed_ns / 1e9)
+            self._record(batch, start, phases)
 
-    def _record(self, batch: Sequence[_Item], start: int) -> None:
+    def _record(self, batch: Sequence[_Item], start: int, phases: _Phases) -> None:
         rows = sum(item.rows for item in batch)
         record = BatchRecord(self.entry.name, str(self.version), next(self._batch_ids), rows, len(batch),
-                             start, self._clocks.wall_ns())
+                             start, self._clocks.wall_ns(), phases.input_ns, phases.infer_ns, phases.output_ns)
         for item in batch:
             if item.timeline is not None:
                 item.timeline.ran_in(record)
         self._observer.batch_ran(record)
 
-    def _compute(self, backend: Backend, items: Sequence[_Item]) -> list[Tensors | BaseException]:
-        outputs = backend.infer(merge([item.tensors for item in items]))
-        missing = [o.name for o in self.config.outputs if o.name not in outputs]
-        if missing:
-            raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
-        if self.config.max_batch_size <= 0:
-            return [outputs]
-        return list(split(outputs, [item.rows for item in items]))
+    def _compute(self, backend: Backend, items: Sequence[_Item], phases: _Phases) -> list[Tensors | BaseException]:
+        buffers = self._buffers[id(backend)]
+        began = time.perf_counter_ns()
+        try:
+            merged = buffers.merge([item.tensors for item in items])
+            merged_at = time.perf_counter_ns()
+            raw = backend.infer(merged)
+            ran_at = time.perf_counter_ns()
+            # The buffers are the next batch's on this instance as soon as it is idle again.
+            outputs = buffers.detach(raw)
+            missing = [o.name for o in self.config.outputs if o.name not in outputs]
+            if missing:
+                raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
+            results: list[Tensors | BaseException] = (
+                [outputs] if self.config.max_batch_size <= 0 else list(split(outputs, [item.rows for item in items])))
+            phases.input_ns, phases.infer_ns = merged_at - began, ran_at - merged_at
+            phases.output_ns = time.perf_counter_ns() - ran_at
+            return results
+        finally:
+            phases.elapsed_ns = time.perf_counter_ns() - began  # a failed batch's too
+
+
+@dataclass(slots=True)
+class _Phases:
+    """How long a batch took to merge, run and split (written by the thread that ran it)."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    elapsed_ns: int = 0  # all of it, a failed batch's included
+
+
+def _buffers_for(backend: Backend, max_batch_size: int) -> BatchBuffers:
+    """Pinned buffers for a backend that asks for them, used for single requests too
+    (their own bytes are not pinned); numpy buffers for batches of two or more otherwise."""
+    host_allocator = getattr(backend, "host_allocator", None)
+    allocate = host_allocator() if host_allocator is not None else None
+    if allocate is None:
+        return BatchBuffers(max_batch_size)
+    return BatchBuffers(max_batch_size, allocate, copy_single=True)
 
 
 def _select(outputs: Tensors, wanted: Sequence[str]) -> Tensors:

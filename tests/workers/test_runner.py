@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from broker.envelope import Request, WireTensor
 from workers.backends.base import ModelContext
@@ -85,3 +87,78 @@ async def test_instance_group_count_gives_that_many_concurrent_executions(tmp_pa
     assert [c.instance_index for c in contexts] == [0, 1]
     assert tracker.peak == 2, "the two instances never ran at the same time"
     assert [r["OUTPUT0"][0, 0] for r in results] == [2.0, 4.0]
+
+
+class Echo:
+    """Returns views of its inputs, as an identity model does, and records what it was given."""
+
+    def __init__(self) -> None:
+        self.seen: list[np.ndarray] = []
+
+    def load(self) -> None:
+        pass
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.seen.append(inputs["INPUT0"])
+        return {"OUTPUT0": inputs["INPUT0"], "OUTPUT1": inputs["INPUT1"][:, ::-1]}
+
+    def unload(self) -> None:
+        pass
+
+
+async def test_batches_reuse_one_buffer_and_outputs_outlive_it(tmp_path: Path):
+    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
+    config = tmp_path / "add_sub/config.pbtxt"
+    config.write_text(config.read_text().replace("max_queue_delay_microseconds: 100",
+                                                 "max_queue_delay_microseconds: 200000"))
+    echo = Echo()
+    runner = ModelRunner(ModelRepository(tmp_path).entry("add_sub"), 1, backend_factory=lambda context: echo)
+    await runner.start()
+    try:
+        first = await asyncio.gather(*(runner.infer(request(n)) for n in range(4)))
+        second = await asyncio.gather(*(runner.infer(request(n)) for n in range(10, 14)))
+    finally:
+        await runner.aclose()
+    assert [len(batch) for batch in echo.seen] == [4, 4], "the requests were not batched"
+    assert np.shares_memory(echo.seen[0], echo.seen[1]), "the second batch was merged into fresh memory"
+    for n, outputs in zip([*range(4), *range(10, 14)], [*first, *second]):
+        np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 16), n, np.float32))
+        np.testing.assert_array_equal(outputs["OUTPUT1"], np.full((1, 16), n, np.float32))
+
+
+class Where:
+    """Records the thread each batch ran on; sleeps ``delay_s`` per batch."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.threads: list[str] = []
+
+    def load(self) -> None:
+        pass
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread().name)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return {"OUTPUT0": inputs["INPUT0"] + inputs["INPUT1"], "OUTPUT1": inputs["INPUT0"] - inputs["INPUT1"]}
+
+    def unload(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("delay_s", "inline_after_warmup"), [(0.0, True), (0.002, False)])
+async def test_cheap_batches_run_on_the_event_loop_and_slow_ones_on_the_instance_thread(
+        tmp_path: Path, delay_s: float, inline_after_warmup: bool):
+    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
+    where = Where(delay_s)
+    runner = ModelRunner(ModelRepository(tmp_path).entry("add_sub"), 1, backend_factory=lambda context: where)
+    await runner.start()
+    try:
+        for n in range(12):
+            outputs = await runner.infer(request(n))
+            np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 16), 2 * n, np.float32))
+    finally:
+        await runner.aclose()
+    loop_thread = threading.current_thread().name
+    assert all(name != loop_thread for name in where.threads[:8]), "a batch ran inline before the warm-up"
+    assert all((name == loop_thread) == inline_after_warmup for name in where.threads[9:]), where.threads

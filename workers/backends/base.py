@@ -7,7 +7,7 @@ Runtime does) computes while the event loop keeps serving.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +40,14 @@ class Backend(Protocol):
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def unload(self) -> None: ...
+
+
+class PinningBackend(Backend, Protocol):
+    """A backend whose device copies run fastest from memory it allocates itself
+    (page-locked host memory for a GPU instance). ``host_allocator`` returns
+    ``allocate(shape, dtype) -> array``, or None where plain numpy memory is as good."""
+
+    def host_allocator(self) -> Callable[[tuple[int, ...], np.dtype], np.ndarray] | None: ...
 
 
 class StreamingBackend(Backend, Protocol):

@@ -7,7 +7,8 @@
 
 Tensors go in and out by name as numpy arrays (BYTES as object arrays of
 bytes), batched along dimension 0 when the model batches. A ``ValueError``
-from ``infer`` means the request's input is invalid.
+from ``infer`` means the request's input is invalid. The input arrays belong to
+ferry and may be rewritten by the instance's next batch: copy what you keep.
 
 A decoupled model (``model_transaction_policy { decoupled: true }``) gets one
 request at a time, and its ``infer`` returns an iterable (a generator, say)

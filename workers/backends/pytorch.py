@@ -28,7 +28,14 @@ import torch
 from workers.backends.base import ModelContext
 from workers.backends.devices import gpu_device
 from workers.backends.torch_archives import check_exported_program, check_graph_targets, check_torchscript, read_archive
-from workers.backends.torch_binding import input_order, outputs_by_name, to_numpy, to_torch
+from workers.backends.torch_binding import (
+    host_numpy,
+    input_order,
+    outputs_by_name,
+    pinned_array,
+    to_host,
+    to_torch,
+)
 from workers.datatypes import datatype_of
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError
 from workers.repository.config import InstanceGroup
@@ -64,6 +71,7 @@ class PyTorchBackend:
         self._device = torch.device("cpu")
         self._order: tuple[str, ...] = ()
         self._outputs: tuple[str, ...] = ()
+        self._stream: Any = None  # torch.cuda.Stream of a GPU instance
 
     def load(self) -> None:
         config = self._context.config
@@ -78,17 +86,25 @@ class PyTorchBackend:
         self._order = input_order(path, self._input_names(), forward_args)
         self._outputs = tuple(o.name for o in config.outputs) + config.state_outputs
         self._module = module
+        if self._device.type == "cuda":
+            # Its own stream per instance: copies and compute of two instances' batches overlap.
+            self._stream = torch.cuda.Stream(self._device)
         log.info("pytorch.loaded", model=self._context.name, version=self._context.version,
                  file=path.name, device=str(self._device), inputs=list(self._order))
 
+    def host_allocator(self) -> Callable[[tuple[int, ...], np.dtype], np.ndarray] | None:
+        """Pinned memory for a GPU instance's batches: their copies to the device are then
+        asynchronous on the instance's stream."""
+        return pinned_array if self._stream is not None else None
+
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._module is not None, "infer() before load()"
-        args = [to_torch(inputs[name], self._device) if name in inputs else None for name in self._order]
         try:
-            with torch.inference_mode():
-                result = self._module(*args)
-                tensors = outputs_by_name(self._context.name, result, self._outputs)
-                arrays = {name: to_numpy(tensor) for name, tensor in tensors.items()}
+            if self._stream is None:
+                arrays = self._run(inputs, non_blocking=False)
+            else:
+                with torch.cuda.stream(self._stream):
+                    arrays = self._run(inputs, non_blocking=True)
         except (ExecutionError, InvalidInput):
             raise
         except Exception as exc:  # noqa: BLE001 - a model's failure fails this batch, never the worker
@@ -97,8 +113,23 @@ class PyTorchBackend:
         self._check_datatypes(arrays)
         return arrays
 
+    def _run(self, inputs: dict[str, np.ndarray], non_blocking: bool) -> dict[str, np.ndarray]:
+        """Copy in, compute, copy out; on a stream, every step is queued and one
+        synchronisation waits for all of them before the host memory is read or reused."""
+        assert self._module is not None
+        args = [to_torch(inputs[name], self._device, non_blocking) if name in inputs else None
+                for name in self._order]
+        with torch.inference_mode():
+            result = self._module(*args)
+            tensors = outputs_by_name(self._context.name, result, self._outputs)
+            host = {name: to_host(tensor, non_blocking) for name, tensor in tensors.items()}
+        if self._stream is not None:
+            self._stream.synchronize()
+        return {name: host_numpy(tensor) for name, tensor in host.items()}
+
     def unload(self) -> None:
         self._module = None
+        self._stream = None
         if self._device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -73,18 +73,36 @@ def _tensor(model: str, name: str, value: Any) -> torch.Tensor:
     return value
 
 
-def to_torch(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def to_torch(array: np.ndarray, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+    """``non_blocking`` suits pinned host memory on a CUDA stream that is synchronised
+    before the memory is reused."""
     if not array.flags.writeable:
         # torch warns on (and may not honour) read-only memory, as wire buffers are.
         array = array.copy()
     array = np.ascontiguousarray(array)
     if array.dtype == _BF16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
-    return torch.from_numpy(array).to(device)
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device, non_blocking=non_blocking)
+    return torch.from_numpy(array).to(device, non_blocking=non_blocking)
 
 
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach().to("cpu").contiguous()
+def to_host(tensor: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A contiguous CPU copy; a non-blocking copy from CUDA lands in pinned memory and
+    may be read only once its stream is synchronised."""
+    return tensor.detach().contiguous().to("cpu", non_blocking=non_blocking)
+
+
+def host_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as numpy, BF16 as ml_dtypes' bfloat16."""
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(_BF16)
     return tensor.numpy()
+
+
+def pinned_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Page-locked host memory as a numpy array of any fixed-size dtype (needs CUDA).
+    The array keeps the torch tensor that owns the memory alive."""
+    count = 1
+    for dim in shape:
+        count *= dim
+    raw = torch.empty(count * dtype.itemsize, dtype=torch.uint8, pin_memory=True)
+    return raw.numpy().view(dtype).reshape(shape)

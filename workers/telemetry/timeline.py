@@ -33,6 +33,9 @@ class Timeline:
     batch_id: str = ""
     batch_size: int = 0  # rows in the batch it ran in
     rows: int = 1  # rows this request contributed
+    input_ns: int = 0  # of its batch: merging the inputs, running the model, splitting the outputs
+    infer_ns: int = 0
+    output_ns: int = 0
     outcome: str = SUCCESS  # SUCCESS, or the error code that failed it
 
     @classmethod
@@ -55,6 +58,7 @@ class Timeline:
         self.batch_size = batch.size
         self.compute_start_ns = batch.start_ns
         self.compute_end_ns = batch.end_ns
+        self.input_ns, self.infer_ns, self.output_ns = batch.input_ns, batch.infer_ns, batch.output_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,11 @@ class BatchRecord:
     requests: int
     start_ns: int
     end_ns: int
+    # Triton's compute_input, compute_infer and compute_output: the batch's inputs merged,
+    # the model run, its outputs split (0 where the runner does not tell them apart).
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

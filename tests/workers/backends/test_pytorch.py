@@ -15,6 +15,7 @@ import torch
 from tests.torch_models import Affine, Classifier, Types, framework_config, write_exported, write_torchscript
 from workers.backends.base import ModelContext
 from workers.backends.pytorch import PyTorchBackend, choose_device
+from workers.batching.buffers import BatchBuffers
 from workers.errors import ConfigError, ExecutionError, ModelLoadError
 from workers.repository.config import InstanceGroup
 from workers.repository.layout import ModelRepository
@@ -215,6 +216,29 @@ def test_kind_gpu_runs_on_cuda_and_matches_the_cpu(tmp_path: Path):
     on_gpu = load(tmp_path, "affine", kind="KIND_GPU", gpus=(0,)).infer(inputs)
     on_cpu = load(tmp_path, "affine", kind="KIND_CPU").infer(inputs)
     np.testing.assert_allclose(on_gpu["scaled"], on_cpu["scaled"], rtol=1e-4, atol=1e-6)
+
+
+def test_a_cpu_instance_asks_for_no_pinned_memory(tmp_path: Path):
+    write_torchscript(tmp_path, "affine", Affine(), framework_config("affine", PYTORCH, 8, **AFFINE_IO))
+    assert load(tmp_path, "affine").host_allocator() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="torch.cuda.is_available() is False: no CUDA device on this machine")
+def test_a_gpu_instance_batches_in_pinned_memory_on_its_own_stream(tmp_path: Path):
+    write_torchscript(tmp_path, "affine", Affine(), framework_config("affine", PYTORCH, 8, **AFFINE_IO))
+    backend = load(tmp_path, "affine", kind="KIND_GPU", gpus=(0,))
+    allocate = backend.host_allocator()
+    assert allocate is not None
+    buffers = BatchBuffers(8, allocate, copy_single=True)
+    inputs = affine_inputs(8)
+    merged = buffers.merge([{k: v[:3] for k, v in inputs.items()}, {k: v[3:] for k, v in inputs.items()}])
+    assert torch.from_numpy(merged["x"]).is_pinned()
+    outputs = backend.infer(merged)
+    expected, _ = affine_direct(inputs)
+    np.testing.assert_allclose(outputs["scaled"], expected, rtol=1e-4, atol=1e-6)
+    bf16 = allocate((2, 3), np.dtype(ml_dtypes.bfloat16))
+    assert bf16.dtype == np.dtype(ml_dtypes.bfloat16) and bf16.shape == (2, 3)
 
 
 # --- files that would run code ---------------------------------------------
