@@ -40,8 +40,8 @@ COPY --from=convert --chown=root:root /src/model_repo /models
 WORKDIR /
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
-# 8000: HTTP gateway (KServe V2, /metrics, /dashboard); 8002: a worker's /metrics and health.
-EXPOSE 8000 8002
+# 8000: HTTP gateway (KServe V2, /metrics, /dashboard); 8001: Triton's gRPC; 8002: a worker's /metrics and health.
+EXPOSE 8000 8001 8002
 # A gateway answers on 8000 and a worker on 8002: set FERRY_HEALTH_PORT=8002 for a worker.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/live' % os.environ.get('FERRY_HEALTH_PORT', '8000'), timeout=2)"]

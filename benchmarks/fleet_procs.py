@@ -89,7 +89,7 @@ def fleet(repository: Path, broker_url: str, workers: int, model: str, logs: Pat
         port = free_port()
         gateway_log = logs / "gateway.log"
         gateway = stack.enter_context(_running(
-            ["gateway", *common, "--http-port", str(port), "--host", HOST, *gateway_args], gateway_log))
+            ["gateway", *common, "--http-port", str(port), "--host", HOST, "--grpc-port", "0", *gateway_args], gateway_log))
         wait_ready(gateway, port, gateway_log, READY_TIMEOUT_S, name="ferry gateway")
         _wait_serving(broker_url, model, procs, logs)
         yield Fleet(HOST, port, gateway.pid, tuple(p.pid for p in procs),

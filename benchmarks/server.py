@@ -91,7 +91,7 @@ def ferry_server(repository: Path, log_path: Path, ready_timeout_s: float = 90.0
     """Run ``ferry serve`` (with ``extra_args``, e.g. ``--broker``) until the block ends, then SIGTERM it."""
     port = free_port()
     process = spawn_ferry(["serve", "--model-repository", str(repository), "--http-port", str(port),
-                           "--host", HOST, *extra_args], log_path)
+                           "--host", HOST, "--grpc-port", "0", *extra_args], log_path)
     try:
         wait_ready(process, port, log_path, ready_timeout_s)
         yield RunningServer(HOST, port, process.pid, log_path)

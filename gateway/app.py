@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -19,25 +18,31 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
+from gateway.classification import Classifiers
+from gateway.compression import compress, decompress, response_encoding
 from gateway.dashboard import Dashboard
-from gateway.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge
+from gateway.errors import ClientDisconnected, FeatureDisabled, InvalidRequest, PayloadTooLarge
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
 from gateway.management import ModelManager
 from gateway.management_http import ManagementRoutes, Restriction
-from gateway.metadata import model_metadata, server_metadata
+from gateway.logs import PROCESS_LOGS, LogControl
+from gateway.metadata import SERVER_NAME, model_metadata, server_metadata
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
-from gateway.responses import error_response, guarded
+from gateway.responses import error_response, guarded, json_response
+from gateway.settings_routes import SettingsRoutes
 from gateway.shared_memory.binding import bind
 from gateway.shared_memory.regions import SharedMemoryRegions
 from gateway.shared_memory.routes import SharedMemoryRoutes
 from gateway.status import status_for_code
+from gateway.statistics import Statistics
 from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
-from gateway.v2_codec import RequestedOutput, parse_infer_request, render_infer_response
+from gateway.v2_codec import Classify, RequestedOutput, parse_infer_request, render_infer_response
 from workers.decimal_text import ascii_int
+from workers.telemetry.tracing.control import TraceControl
 from workers.repository.layout import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.http")
@@ -50,6 +55,7 @@ class HttpSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     restriction: Restriction | None = None  # model-repository routes need this header
     allow_client_shm: bool = False  # Triton's --allow-client-shm: clients may register shared memory
+    server_name: str = SERVER_NAME  # what GET /v2 calls this server ("triton" for tools that check)
 
 
 Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
@@ -58,13 +64,17 @@ Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(),
                lifespan: Lifespan | None = None, jobs: JobService | None = None,
                manager: ModelManager | None = None, metrics: GatewayMetrics | None = None,
-               dashboard: Dashboard | None = None, regions: SharedMemoryRegions | None = None) -> Starlette:
+               dashboard: Dashboard | None = None, regions: SharedMemoryRegions | None = None,
+               statistics: Statistics | None = None, traces: TraceControl | None = None,
+               logs: LogControl = PROCESS_LOGS) -> Starlette:
     """Without ``jobs``, ``Prefer: respond-async`` is ignored (RFC 7240 lets a
     server decline a preference) and infer answers synchronously. Without
     ``manager``, load and unload are refused (model control mode ``none``).
-    Without ``regions`` (which the caller closes), no shared memory can be registered."""
+    Without ``regions`` (which the caller closes), no shared memory can be registered.
+    Without ``statistics``, the statistics routes answer 501; without ``traces`` (a process
+    that exports no spans), the trace settings report OFF and refuse to turn it on."""
     regions = SharedMemoryRegions(enabled=False) if regions is None else regions
-    api = _Api(service, settings, jobs, regions)
+    api = _Api(service, settings, jobs, regions, statistics)
     management = ManagementRoutes(manager or ModelManager(service.catalog, None), api.read_body,
                                   settings.restriction)
     model = "/v2/models/{model}"
@@ -73,8 +83,10 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
         Route("/v2/health/live", api.live, methods=["GET"]),
         Route("/v2/health/ready", api.ready, methods=["GET"]),
         Route("/v2", api.server, methods=["GET"]),
+        Route("/v2/models/stats", api.stats, methods=["GET"]),
         *management.routes(),
         *SharedMemoryRoutes(regions, api.read_body).routes(),
+        *SettingsRoutes(logs, traces or TraceControl(enabled=False), service.catalog, api.read_body).routes(),
     ]
     if jobs is not None:
         routes.append(Route("/v2/jobs/{job_id}", api.job, methods=["GET", "DELETE"]))
@@ -83,6 +95,7 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
             Route(prefix, api.model, methods=["GET"]),
             Route(prefix + "/config", api.config, methods=["GET"]),
             Route(prefix + "/ready", api.model_ready, methods=["GET"]),
+            Route(prefix + "/stats", api.stats, methods=["GET"]),
             Route(prefix + "/infer", api.infer, methods=["POST"]),
             Route(prefix + "/infer_stream", api.infer_stream, methods=["POST"]),
             Route(prefix + "/generate", api.generate, methods=["POST"]),
@@ -100,10 +113,6 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
     return app
 
 
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
-
-
 async def _not_found(request: Request, exc: Exception) -> Response:
     return error_response(f"no route for {request.method} {request.url.path}", 404)
 
@@ -114,12 +123,14 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 class _Api:
     def __init__(self, service: InferenceService, settings: HttpSettings, jobs: JobService | None,
-                 regions: SharedMemoryRegions) -> None:
+                 regions: SharedMemoryRegions, statistics: Statistics | None) -> None:
         self._service = service
+        self._statistics = statistics
         self._jobs = jobs
         self._regions = regions
         self._catalog = service.catalog
         self._settings = settings
+        self._classifiers = Classifiers(service.catalog)
         self.streams = StreamRoutes(service, self.read_body, self._target, _header_length, settings.max_body_bytes)
 
     async def live(self, request: Request) -> Response:
@@ -129,7 +140,7 @@ class _Api:
         return Response(status_code=200 if self._catalog.all_ready() else 503)
 
     async def server(self, request: Request) -> Response:
-        return json_response(server_metadata())
+        return json_response(server_metadata(self._settings.server_name))
 
     async def model(self, request: Request) -> Response:
         return await self._guard(self._model, request)
@@ -142,6 +153,9 @@ class _Api:
 
     async def infer(self, request: Request) -> Response:
         return await self._guard(self._infer, request)
+
+    async def stats(self, request: Request) -> Response:
+        return await self._guard(self._stats, request)
 
     async def job(self, request: Request) -> Response:
         return await self._guard(self._job, request)
@@ -189,6 +203,12 @@ class _Api:
             return Response(status_code=200)
         return error_response(f"model '{name}' is not ready", 400)
 
+    async def _stats(self, request: Request) -> Response:
+        if self._statistics is None:
+            raise FeatureDisabled("this server keeps no statistics")
+        name, version = self._target(request) if "model" in request.path_params else ("", "")
+        return json_response(await self._statistics.model_stats(name, version))
+
     async def _infer(self, request: Request) -> Response:
         name, version = self._target(request)
         self._catalog.version(name, version)  # an unknown model is refused before its body is read
@@ -203,7 +223,8 @@ class _Api:
             })
         response = await self._service.infer(name, version, bound.parsed, trace)
         bound.write_outputs(response)
-        return _render_reply(response, parsed.outputs, parsed.binary_output_default)
+        return _render_reply(response, parsed.outputs, parsed.binary_output_default,
+                             request.headers.get("accept-encoding"), self._classifiers.for_request(name, parsed.outputs))
 
     async def _job(self, request: Request) -> Response:
         assert self._jobs is not None  # the route exists only with jobs
@@ -215,7 +236,9 @@ class _Api:
             return json_response(_job_status(job))
         if job.status == JobStatus.SUCCEEDED:
             reply = replace(decode_response(job.result), id=job.rendering.request_id)
-            return _render_reply(reply, job.rendering.outputs, job.rendering.binary_default)
+            return _render_reply(reply, job.rendering.outputs, job.rendering.binary_default,
+                                 request.headers.get("accept-encoding"),
+                                 self._classifiers.for_request(job.model, job.rendering.outputs))
         if job.status == JobStatus.FAILED:
             error = decode_response(job.result).error
             return json_response({**_job_status(job), "error": error.message if error else "failed"})
@@ -239,17 +262,26 @@ class _Api:
             # Clients hang up; that is news, not a fault (and the body timeout does it on purpose).
             log.info("http.client_disconnected", path=request.url.path, received_bytes=size)
             raise ClientDisconnected(f"the client disconnected after {size} bytes of its request body") from None
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return decompress(body, request.headers.get("content-encoding"), limit)
 
 
-def _render_reply(reply: Reply, outputs: tuple[RequestedOutput, ...], binary_default: bool) -> Response:
+def _render_reply(reply: Reply, outputs: tuple[RequestedOutput, ...], binary_default: bool,
+                  accept_encoding: str | None, classify: Classify | None) -> Response:
+    """The infer response body, compressed as ``Accept-Encoding`` asks (the JSON header's
+    length is the uncompressed one, as in Triton: the client inflates first)."""
     if reply.error is not None:
         return error_response(reply.error.message, status_for_code(reply.error.code))
-    payload, header_length = render_infer_response(reply, outputs, binary_default)
-    if header_length is None:
-        return Response(payload, media_type="application/json")
-    return Response(payload, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(header_length)})
+    payload, header_length = render_infer_response(reply, outputs, binary_default, classify)
+    headers: dict[str, str] = {}
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = str(header_length)
+    encoding = response_encoding(accept_encoding)
+    if encoding is not None:
+        payload = compress(payload, encoding)
+        headers["Content-Encoding"] = encoding
+    media_type = "application/json" if header_length is None else "application/octet-stream"
+    return Response(payload, media_type=media_type, headers=headers or None)
 
 
 def _job_status(job: Job) -> dict[str, str]:

@@ -61,9 +61,10 @@ class ModelCatalog:
         if entry is not None:
             return entry
         error = self._index.errors.get(name)
+        # Triton's words: clients match on the start of "Request for unknown model".
         if isinstance(error, ConfigError):
-            raise ModelNotFound(f"model '{name}' is unavailable: {error}")
-        raise ModelNotFound(f"unknown model '{name}'")
+            raise ModelNotFound(f"Request for unknown model: '{name}' has no available versions: {error}")
+        raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
 
     def version(self, name: str, version: str) -> tuple[ModelEntry, int | None]:
         """The entry and the version a request names ('' = the latest ready)."""
@@ -72,7 +73,7 @@ class ModelCatalog:
             return entry, None
         number = ascii_int(version)
         if number is None or number not in entry.versions:
-            raise ModelNotFound(f"model '{name}' has no version '{version}'")
+            raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return entry, number
 
     def ready_versions(self, name: str) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
     GatewayError
      ├── InvalidRequest    the client's request is malformed or inconsistent
      ├── PayloadTooLarge   the request body exceeds the configured limit
+     ├── UnsupportedEncoding  the request body's Content-Encoding is not one ferry takes
      ├── ModelUnavailable  the model exists but no worker serves it yet
  │    └── QueueFull     the model's queue holds max_queue_size requests
      ├── UpstreamTimeout   no reply arrived from the workers in time
@@ -28,6 +29,14 @@ class InvalidRequest(GatewayError):
 
 class PayloadTooLarge(GatewayError):
     pass
+
+
+class UnsupportedEncoding(GatewayError):
+    """The body's Content-Encoding is not one ferry takes; ``accepted`` lists those it does."""
+
+    def __init__(self, message: str, accepted: str) -> None:
+        super().__init__(message)
+        self.accepted = accepted
 
 
 class ModelUnavailable(GatewayError):

@@ -19,6 +19,7 @@ import orjson
 
 from broker.envelope import Response
 from gateway.errors import InvalidRequest
+from gateway.json_body import json_object
 from gateway.v2_codec import ParsedInfer, parse_infer_request, render_infer_response
 from workers.repository.config import ModelConfig
 
@@ -26,12 +27,7 @@ _RESERVED = ("id", "parameters")
 
 
 def parse_generate_request(body: bytes, config: ModelConfig) -> ParsedInfer:
-    try:
-        fields = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"generate body is not JSON: {exc}") from None
-    if not isinstance(fields, dict):
-        raise InvalidRequest("generate body must be a JSON object of input names and values")
+    fields = json_object(body, "generate body", "a JSON object of input names and values", allow_empty=False)
     inputs = [_input(config, name, value) for name, value in fields.items() if name not in _RESERVED]
     infer_body = {"inputs": inputs, "parameters": fields.get("parameters") or {}}
     if "id" in fields:

@@ -126,10 +126,10 @@ class ModelManager:
             return self._catalog.repository.entry(name, overrides.config, owned.model_dir), owned
         except ModelNotFound as exc:
             owned.remove()
-            raise LoadFailed(f"failed to load '{name}': {exc}") from None
+            raise LoadFailed(f"failed to load '{name}', {exc}") from None
         except ConfigError as exc:
             owned.remove()
-            raise LoadFailed(f"failed to load '{name}': {exc}") from None
+            raise LoadFailed(f"failed to load '{name}', {exc}") from None
         except BaseException:
             owned.remove()
             raise
@@ -167,7 +167,7 @@ def _outcome(gathered: Gathered, action: str, name: str) -> tuple[int, ...]:
     """The versions loaded; the first worker's error, or why nothing was done."""
     failed = [r for r in gathered.replies.values() if r.outcome == "failed"]
     if failed:
-        raise LoadFailed(f"failed to {action} '{name}' on worker {failed[0].worker}: {failed[0].error}")
+        raise LoadFailed(f"failed to {action} '{name}', on worker {failed[0].worker}: {failed[0].error}")
     done = [r for r in gathered.replies.values() if r.outcome in ("loaded", "unloaded")]
     if not done:
         if gathered.missing:

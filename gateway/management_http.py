@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest
+from gateway.json_body import json_object
 from gateway.management import ModelManager
 from gateway.responses import error_response, guarded
 
@@ -96,18 +97,10 @@ class ManagementRoutes:
                              "/v2/repository/models/<model>/load or /unload, a model name without '/'")
 
     async def _json(self, request: Request) -> dict[str, Any]:
-        raw = await self._read_body(request)
-        if not raw.strip():
-            return {}
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest("the request body must be a JSON object")
-        return body
+        return json_object(await self._read_body(request))
 
     async def _guarded(self, request: Request, handler: Callable[[Request], Awaitable[Response]]) -> Response:
         if self._restriction is not None and not self._restriction.allows(request):
             return error_response(f"This API is restricted, expecting header '{self._restriction.header}'", 403)
         return await guarded(handler(request), request.url.path, "management.unhandled")
+

@@ -8,11 +8,12 @@ from workers.repository.config import ModelConfig, TensorConfig
 
 SERVER_NAME = "ferry"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory")
+EXTENSIONS = ("binary_tensor_data", "classification", "logging", "model_configuration", "parameters",
+              "statistics", "system_shared_memory", "trace")
 
 
-def server_metadata() -> dict[str, Any]:
-    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+def server_metadata(name: str = SERVER_NAME) -> dict[str, Any]:
+    return {"name": name, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
 
 def model_metadata(config: ModelConfig, versions: tuple[int, ...]) -> dict[str, Any]:

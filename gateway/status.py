@@ -9,7 +9,7 @@ from __future__ import annotations
 from broker.errors import MessageTooLarge, TransportClosed, TransportError
 from gateway.errors import (
     ClientDisconnected, FeatureDisabled, GatewayError, InvalidRequest, JobConflict, JobNotFound, ModelUnavailable,
-    PayloadTooLarge, QueueFull, RegionNotFound, UpstreamTimeout,
+    PayloadTooLarge, QueueFull, RegionNotFound, UnsupportedEncoding, UpstreamTimeout,
 )
 from workers.errors import ModelNotFound, WorkerError
 
@@ -32,6 +32,7 @@ _BY_CODE = {
 _BY_CLASS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     (PayloadTooLarge, 413),
     (MessageTooLarge, 413),
+    (UnsupportedEncoding, 415),  # Triton answers 501; a client's choice of encoding is a 4xx here
     (InvalidRequest, 400),
     (ModelUnavailable, 503),
     (UpstreamTimeout, 504),
@@ -60,8 +61,11 @@ def status_for(exc: Exception) -> int:
     return 500
 
 
-def retry_after(exc: Exception) -> dict[str, str]:
-    """The ``Retry-After`` header for an error worth retrying soon; else none."""
+def error_headers(exc: Exception) -> dict[str, str]:
+    """``Retry-After`` for an error worth retrying soon, ``Accept-Encoding`` for an
+    encoding refused; else none."""
+    if isinstance(exc, UnsupportedEncoding):
+        return {"Accept-Encoding": exc.accepted}
     if isinstance(exc, QueueFull):
         return {"Retry-After": str(exc.retry_after_s)}
     if isinstance(exc, BROKER_DOWN):

@@ -12,7 +12,7 @@ back into JSON, binary blobs, or a mix. Pure functions, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,9 @@ from gateway.shared_memory.refs import RegionInput, RegionSlice, region_input, r
 from workers.datatypes import DATATYPES, decode_array, element_count, numpy_dtype, split_bytes
 from workers.errors import TensorError
 
+Classify = Callable[[WireTensor, int], WireTensor]
 _BINARY_OUTPUT = "binary_data_output"
+_MAX_CLASSES = 2**32 - 1  # Triton reads it as an unsigned 32-bit count
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,7 @@ class RequestedOutput:
     name: str
     binary: bool
     region: RegionSlice | None = None  # its bytes go to this shared memory, not the response
+    classification: int = 0  # > 0: the top K classes instead of the values (gateway.classification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,12 @@ class _BinaryInput:
 def parse_infer_request(body: bytes, header_length: int | None, limits: Limits = DEFAULT_LIMITS) -> ParsedInfer:
     json_part, blob = _split_body(body, header_length)
     header = load_lifted(body, len(json_part)) or _load_header(json_part, framed=header_length is not None)
+    return parse_infer_header(header, blob, limits)
+
+
+def parse_infer_header(header: dict[str, Any], blob: memoryview, limits: Limits = DEFAULT_LIMITS) -> ParsedInfer:
+    """A V2 request's JSON header, already parsed, with the binary tensor data after it
+    (``gateway.grpc`` builds both from a gRPC request)."""
     parameters = dict(_object(header.get("parameters"), "request field 'parameters'"))
     binary_default = _boolean(parameters.pop(_BINARY_OUTPUT, False), f"parameter '{_BINARY_OUTPUT}'")
     return ParsedInfer(
@@ -69,10 +78,15 @@ def parse_infer_request(body: bytes, header_length: int | None, limits: Limits =
 
 
 def render_infer_response(response: Response, requested: tuple[RequestedOutput, ...],
-                          binary_default: bool) -> tuple[bytes, int | None]:
+                          binary_default: bool, classify: Classify | None = None) -> tuple[bytes, int | None]:
+    """``classify(tensor, k)`` turns an output asked for with ``classification: K`` into its top K."""
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for tensor, wanted in _selected(response.outputs, requested, binary_default):
+    for tensor, wanted in selected_outputs(response.outputs, requested, binary_default):
+        if wanted.classification:
+            if classify is None:
+                raise InvalidRequest(f"requested output '{tensor.name}': classification is not available here")
+            tensor = classify(tensor, wanted.classification)
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         if wanted.region is not None:  # its bytes were written to the region
             entry["parameters"] = wanted.region.parameters()
@@ -265,18 +279,22 @@ def _requested_output(index: int, item: Any, binary_default: bool, limits: Limit
     where = f"requested output '{name}'"
     parameters = _object(item.get("parameters"), f"{where}: field 'parameters'")
     region = region_slice(parameters, where)
-    if parameters.get("classification", 0) != 0:
-        raise InvalidRequest(f"{where}: the classification extension is not supported")
+    classes = parameters.get("classification", 0)
+    if isinstance(classes, bool) or not isinstance(classes, int) or not 0 <= classes <= _MAX_CLASSES:
+        raise InvalidRequest(f"{where}: Unable to set 'classification': expected an integer from 0 to "
+                             f"{_MAX_CLASSES}, got {orjson.dumps(classes).decode()[:40]}")
+    if region is not None and classes:
+        raise InvalidRequest(f"{where}: Output can't set both 'shared_memory_region' and 'classification'")
     binary = _boolean(parameters.get("binary_data", binary_default), f"{where}: parameter 'binary_data'")
     if region is not None and parameters.get("binary_data") is True:
         raise InvalidRequest(f"{where} can't set both 'shared_memory_region' and 'binary_data'")
-    return RequestedOutput(name, binary and region is None, region)
+    return RequestedOutput(name, binary and region is None, region, classes)
 
 
 # -- response ----------------------------------------------------------------
 
-def _selected(outputs: tuple[WireTensor, ...], requested: tuple[RequestedOutput, ...],
-              binary_default: bool) -> Iterator[tuple[WireTensor, RequestedOutput]]:
+def selected_outputs(outputs: tuple[WireTensor, ...], requested: tuple[RequestedOutput, ...],
+                     binary_default: bool) -> Iterator[tuple[WireTensor, RequestedOutput]]:
     if not requested:
         return ((tensor, RequestedOutput(tensor.name, binary_default)) for tensor in outputs)
     by_name = {tensor.name: tensor for tensor in outputs}

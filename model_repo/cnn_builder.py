@@ -13,6 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from model_files import cpu_instances, make_onnx_model, model_config, tensor_config, value_info
 
 CNN_SEED = 20240601
+# Names for its classes (CIFAR-10's), for Triton's classification extension.
+CNN_LABELS = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+LABELS_FILE = "labels.txt"
 CNN_MAX_BYTES = 400 * 1024
 
 
@@ -96,7 +99,7 @@ def cnn_config(name: str = "cnn") -> str:
     return model_config(
         name, 'platform: "onnxruntime_onnx"', 64,
         [tensor_config("IMAGE", "TYPE_FP32", [IMAGE_CHANNELS, IMAGE_SIZE, IMAGE_SIZE])],
-        [tensor_config("PROBS", "TYPE_FP32", [CLASSES])],
+        [tensor_config("PROBS", "TYPE_FP32", [CLASSES], f'label_filename: "{LABELS_FILE}"')],
         "dynamic_batching {\n  preferred_batch_size: [ 16, 32, 64 ]\n  max_queue_delay_microseconds: 2000\n}\n"
         + cpu_instances(1),
     )
@@ -115,3 +118,6 @@ def check_cnn(path: Path) -> None:
     if not np.allclose(batched.sum(axis=1), 1.0, rtol=0, atol=1e-5):
         raise SystemExit(f"{path}: softmax rows do not sum to 1: {batched.sum(axis=1)}")
 
+
+def write_labels(model_dir: Path) -> None:
+    (model_dir / LABELS_FILE).write_text("".join(f"{label}\n" for label in CNN_LABELS), encoding="utf-8")

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.append(str(HERE))
 
-from cnn_builder import CNN_MAX_BYTES, build_cnn, check_cnn, cnn_config, cnn_stats  # noqa: E402
+from cnn_builder import CNN_MAX_BYTES, build_cnn, check_cnn, cnn_config, cnn_stats, write_labels  # noqa: E402
 from model_files import (  # noqa: E402
     cpu_instances, make_onnx_model, model_config, tensor_config, value_info, write_config, write_onnx_model,
     write_python_source,
@@ -108,6 +108,7 @@ def generate(out: Path) -> None:
     write_add_sub(out)
     cnn_path = write_onnx_model(out / "cnn", build_cnn())
     write_config(out / "cnn", cnn_config())
+    write_labels(out / "cnn")
     gru_path = write_onnx_model(out / "stateful_gru", build_stateful_gru())
     write_config(out / "stateful_gru", stateful_gru_config())
     write_python_source(out / "text_stats", TEXT_STATS_MODEL.read_text(encoding="utf-8"))

@@ -34,10 +34,11 @@ def value_info(name: str, elem_type: int, dims: Sequence[int], batched: bool) ->
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
-def tensor_config(name: str, config_type: str, dims: Sequence[int]) -> str:
-    """One entry of a ``config.pbtxt`` ``input`` or ``output`` list."""
+def tensor_config(name: str, config_type: str, dims: Sequence[int], extra: str = "") -> str:
+    """One entry of a ``config.pbtxt`` ``input`` or ``output`` list (``extra``: more fields)."""
     dim_text = ", ".join(str(d) for d in dims)
-    return f'  {{ name: "{name}" data_type: {config_type} dims: [ {dim_text} ] }}'
+    more = f" {extra}" if extra else ""
+    return f'  {{ name: "{name}" data_type: {config_type} dims: [ {dim_text} ]{more} }}'
 
 
 def model_config(

@@ -39,7 +39,8 @@ def ferry_serve(repository: Path, *extra: str, log_path: Path | None = None) -> 
     """Run ``ferry serve`` on ``repository``; yield its base URL (host:port)."""
     port = free_port()
     command = [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(repository),
-               "--http-port", str(port), "--host", "127.0.0.1", "--log-format", "json", *extra]
+               "--http-port", str(port), "--host", "127.0.0.1", "--log-format", "json",
+               "--grpc-port", "0", *extra]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"127.0.0.1:{port}"

@@ -95,7 +95,7 @@ CASES = [
     # (id, path, body, headers, status, message fragment)
     ("malformed-json", "/v2/models/add_sub/infer", b'{"inputs": [', {}, 400, "JSON"),
     ("unknown-model", "/v2/models/nope/infer", orjson.dumps(add_sub_body()), {}, 404, "nope"),
-    ("unknown-version", "/v2/models/add_sub/versions/7/infer", orjson.dumps(add_sub_body()), {}, 404, "version '7'"),
+    ("unknown-version", "/v2/models/add_sub/versions/7/infer", orjson.dumps(add_sub_body()), {}, 404, "'add_sub' version 7 is not found"),
     ("wrong-datatype", "/v2/models/add_sub/infer",
      orjson.dumps(add_sub_body([0] * 16, datatype="INT32")), {}, 400, "INPUT0"),
     ("shape-vs-count", "/v2/models/add_sub/infer",

@@ -154,7 +154,7 @@ def test_a_pickle_under_a_model_file_name_is_refused_at_load(models, tmp_path):
     log = tmp_path / "ferry.log"
     port = free_port()
     command = [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path / "repo"),
-               "--http-port", str(port), "--host", "127.0.0.1", "--log-format", "json"]
+               "--http-port", str(port), "--host", "127.0.0.1", "--log-format", "json", "--grpc-port", "0"]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

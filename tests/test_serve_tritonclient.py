@@ -107,6 +107,22 @@ def test_add_sub_matches_onnxruntime(client, repository, binary_in, binary_out):
     assert response["id"] == "req-7" and response["model_version"] == "1"
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_compressed_requests_and_responses(client, repository, algorithm, binary):
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((2, 16)).astype(np.float32) for _ in range(2))
+    inputs = [httpclient.InferInput("INPUT0", [2, 16], "FP32"), httpclient.InferInput("INPUT1", [2, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
+    result = client.infer("add_sub", inputs, outputs=outputs, request_compression_algorithm=algorithm,
+                          response_compression_algorithm=algorithm)
+    expected = onnx_direct(repository / "add_sub/1/model.onnx", {"INPUT0": a, "INPUT1": b})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected["OUTPUT0"])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), expected["OUTPUT1"])
+
+
 def test_cnn_batch_matches_onnxruntime(client, repository):
     images = np.random.default_rng(2).random((4, 3, 128, 128), dtype=np.float32)
     image_input = httpclient.InferInput("IMAGE", list(images.shape), "FP32")
@@ -114,6 +130,36 @@ def test_cnn_batch_matches_onnxruntime(client, repository):
     result = client.infer("cnn", [image_input])
     expected = onnx_direct(repository / "cnn/1/model.onnx", {"IMAGE": images})["PROBS"]
     np.testing.assert_allclose(result.as_numpy("PROBS"), expected, rtol=1e-5, atol=1e-7)
+
+
+CNN_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification_gives_the_top_classes_with_their_labels(client, repository, binary):
+    images = np.random.default_rng(4).random((2, 3, 128, 128), dtype=np.float32)
+    image_input = httpclient.InferInput("IMAGE", list(images.shape), "FP32")
+    image_input.set_data_from_numpy(images)
+    top = httpclient.InferRequestedOutput("PROBS", binary_data=binary, class_count=3)
+    result = client.infer("cnn", [image_input], outputs=[top])
+    classes = result.as_numpy("PROBS")
+    assert classes.shape == (2, 3) and result.get_output("PROBS")["datatype"] == "BYTES"
+    expected = onnx_direct(repository / "cnn/1/model.onnx", {"IMAGE": images})["PROBS"]
+    for row, probs in zip(classes, expected):
+        # Binary outputs come back as bytes, JSON ones as str.
+        parsed = [(entry.decode() if isinstance(entry, bytes) else entry).split(":") for entry in row]
+        assert [int(index) for _, index, _ in parsed] == np.argsort(-probs, kind="stable")[:3].tolist()
+        assert [label for _, _, label in parsed] == [CNN_LABELS[int(index)] for _, index, _ in parsed]
+        np.testing.assert_allclose([float(score) for score, _, _ in parsed], np.sort(probs)[::-1][:3], atol=2e-6)
+
+
+def test_classification_without_labels_gives_score_and_index(client):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(np.ones((1, 16), np.float32))
+    result = client.infer("add_sub", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT1", class_count=2)])
+    assert result.as_numpy("OUTPUT1").tolist() == [[b"14.000000:15", b"13.000000:14"]]
 
 
 def _identity_values(datatype: str, rng: np.random.Generator) -> np.ndarray:
@@ -174,6 +220,14 @@ def test_errors_reach_the_client_as_exceptions_with_the_message(client):
     other.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
     with pytest.raises(InferenceServerException, match="INPUT0.*datatype INT32, expected FP32"):
         client.infer("add_sub", [tensor, other])
+
+
+def test_an_unknown_model_is_refused_as_triton_refuses_it(client):
+    # Triton's own examples check the message's start this way.
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_model_metadata("wrong_model_name")
+    assert raised.value.message().startswith("Request for unknown model: 'wrong_model_name'")
+    assert raised.value.status() == "404"
 
 
 def test_bytes_that_are_not_utf8_are_refused_for_an_onnx_string_input(client):

@@ -69,9 +69,9 @@ class ModelLoader:
             await runner.start()
             await warm_up(runner)
         except WorkerError as exc:
-            raise ModelLoadError(f"failed to load '{entry.name}' version {version}: {exc}") from exc
+            raise ModelLoadError(f"failed to load '{entry.name}', version {version}: {exc}") from exc
         except Exception as exc:
-            raise ModelLoadError(f"failed to load '{entry.name}' version {version}: "
+            raise ModelLoadError(f"failed to load '{entry.name}', version {version}: "
                                  f"{type(exc).__name__}: {exc}") from exc
         served.runners[version] = runner
         log.info("model.loaded", model=entry.name, version=version, path=str(entry.path))

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("ferry: --allow-client-shm needs --http-workers 1: a shared memory region is "
                              "registered with one HTTP process, and a client cannot choose which one it reaches")
         limits = connection_limits(args)
+        args.http_workers = workers  # each process's gRPC server shares its port with the others' above 1
         if workers > 1:
             raise SystemExit(run_http_workers(args, workers))
         build = build_app if args.command == "serve" else build_gateway_app

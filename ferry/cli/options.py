@@ -10,6 +10,7 @@ from broker import channels
 from broker.claims.check import ClaimSettings
 from gateway.http_server import ConnectionLimits
 from gateway.jobs import DEFAULT_TTL_S
+from gateway.metadata import SERVER_NAME
 from workers.control.messages import MODES
 from workers.deadletter import DeadLetterSettings
 from workers.telemetry.settings import TRACE_EXPORTERS
@@ -81,6 +82,12 @@ def http_options() -> argparse.ArgumentParser:
     options.add_argument("--allow-client-shm", type=_true_or_false, nargs="?", const=True, default=False,
                          metavar="true|false", help="let clients register system shared memory regions "
                                                      "(Triton's flag; off by default, as in Triton)")
+    options.add_argument("--grpc-port", type=int, default=8001,
+                         help="port of Triton's gRPC service (0: any free port, which the log names)")
+    options.add_argument("--allow-grpc", type=_true_or_false, nargs="?", const=True, default=True,
+                         metavar="true|false", help="serve Triton's gRPC protocol beside HTTP (Triton's flag)")
+    options.add_argument("--server-name", default=SERVER_NAME,
+                         help="the name GET /v2 reports (say `triton`, for tools that check it)")
     return options
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from broker.claims.check import ClaimSettings
 from ferry.wiring.settings import ServeSettings, WorkerProcessSettings
 from gateway.app import HttpSettings
+from gateway.grpc.server import GrpcSettings
 from gateway.http_server import ConnectionLimits
 from gateway.management import ManagementSettings
 from gateway.management_http import Restriction
@@ -36,7 +37,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     settings = ServeSettings(
         model_repository=args.model_repository,
         broker_url=args.broker,
-        http=HttpSettings(max_body_bytes=args.max_body_bytes, allow_client_shm=args.allow_client_shm),
+        http=HttpSettings(max_body_bytes=args.max_body_bytes, allow_client_shm=args.allow_client_shm,
+                          server_name=args.server_name),
+        grpc=GrpcSettings(enabled=args.allow_grpc, host=args.host, port=args.grpc_port,
+                          shared_port=(args.http_workers or 1) > 1, max_message_bytes=args.max_body_bytes),
         service=ServiceSettings(channel_prefix=args.channel_prefix,
                                 route_sequences=urlsplit(args.broker).scheme == "redis"),
         job_ttl_s=args.job_ttl_s,

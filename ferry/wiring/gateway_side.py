@@ -28,9 +28,14 @@ from gateway.jobs import JobService, JobSettings, JobStore, build_jobs
 from gateway.management import ModelManager
 from gateway.metrics import GatewayMetrics, LiveWorkers, gateway_metrics
 from gateway.service import InferenceService
+from gateway.grpc.server import GrpcServer
+from gateway.grpc.servicer import GrpcParts
+from gateway.logs import PROCESS_LOGS
 from gateway.shared_memory.regions import SharedMemoryRegions
+from gateway.statistics import Statistics
 from gateway.tracing import gateway_tracer
 from workers.control.client import ControlClient
+from workers.telemetry.tracing.control import TraceControl
 from workers.telemetry.stats import StatsBook
 
 if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
@@ -57,6 +62,9 @@ class GatewaySide:
     metrics: GatewayMetrics | None
     dashboard: Dashboard
     regions: SharedMemoryRegions
+    statistics: Statistics
+    traces: TraceControl  # off for good in a process that exports no spans
+    grpc: GrpcServer | None
 
     @classmethod
     def build(cls, settings: ServeSettings, transport: Transport, catalog: ModelCatalog, store: JobStore,
@@ -69,15 +77,23 @@ class GatewaySide:
         jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
         metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
                                   sources.stats, sources.local_worker)
-        return cls(router, service, jobs, ModelManager(catalog, control, settings.management), metrics,
-                   build_dashboard(catalog, sources.beats, metrics),
-                   SharedMemoryRegions(settings.http.allow_client_shm))
+        manager = ModelManager(catalog, control, settings.management)
+        regions = SharedMemoryRegions(settings.http.allow_client_shm)
+        statistics = Statistics(catalog, sources.beats)
+        traces = tracing.control if tracing is not None else TraceControl(enabled=False)
+        grpc = None
+        if settings.grpc.enabled:
+            parts = GrpcParts(service, manager, regions, statistics, PROCESS_LOGS, traces, settings.http.server_name)
+            grpc = GrpcServer(parts, settings.grpc)
+        return cls(router, service, jobs, manager, metrics, build_dashboard(catalog, sources.beats, metrics),
+                   regions, statistics, traces, grpc)
 
     def app(self, settings: ServeSettings, lifespan: Lifespan) -> Starlette:
         return create_app(self.service, settings.http, lifespan, jobs=self.jobs, manager=self.manager,
-                          metrics=self.metrics, dashboard=self.dashboard, regions=self.regions)
+                          metrics=self.metrics, dashboard=self.dashboard, regions=self.regions,
+                          statistics=self.statistics, traces=self.traces)
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Start each part and have ``stack`` close it, in the reverse order."""
         close_later(stack, self.regions)  # closed last: no request is left to use a region
-        await start_all(stack, self.router, self.jobs, self.manager, self.metrics, self.dashboard)
+        await start_all(stack, self.router, self.jobs, self.manager, self.metrics, self.dashboard, self.grpc)

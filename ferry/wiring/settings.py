@@ -8,6 +8,7 @@ from pathlib import Path
 
 from broker.claims.check import ClaimSettings
 from gateway.app import HttpSettings
+from gateway.grpc.server import GrpcSettings
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.management import ManagementSettings
 from gateway.service import ServiceSettings
@@ -24,6 +25,7 @@ class ServeSettings:
     broker_url: str = "memory://"
     gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     http: HttpSettings = HttpSettings()
+    grpc: GrpcSettings = GrpcSettings()
     service: ServiceSettings = ServiceSettings()
     worker: WorkerSettings = WorkerSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()

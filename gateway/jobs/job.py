@@ -61,7 +61,7 @@ def encode_meta(job: Job) -> bytes:
         "model_version": job.model_version,
         "created_ns": job.created_ns,
         "request_id": job.rendering.request_id,
-        "outputs": [[o.name, o.binary] for o in job.rendering.outputs],
+        "outputs": [[o.name, o.binary, o.classification] for o in job.rendering.outputs],
         "binary_default": job.rendering.binary_default,
     }, use_bin_type=True)
 
@@ -69,12 +69,18 @@ def encode_meta(job: Job) -> bytes:
 def decode_meta(raw: bytes, status: JobStatus, result: bytes) -> Job:
     try:
         body: Any = msgpack.unpackb(raw, raw=False, ext_hook=_reject_ext)
-        outputs = tuple(RequestedOutput(str(name), bool(binary)) for name, binary in body["outputs"])
+        outputs = tuple(_requested(output) for output in body["outputs"])
         rendering = Rendering(str(body["request_id"]), outputs, bool(body["binary_default"]))
         return Job(str(body["id"]), str(body["model"]), str(body["model_version"]),
                    int(body["created_ns"]), rendering, status, result)
     except Exception as exc:  # msgpack and a malformed map raise many types
         raise JobCodecError(f"unreadable job record: {exc}") from None
+
+
+def _requested(raw: Any) -> RequestedOutput:
+    """``[name, binary]``, or ``[name, binary, classes]`` since classification (older records lack it)."""
+    name, binary, *rest = raw
+    return RequestedOutput(str(name), bool(binary), classification=int(rest[0]) if rest else 0)
 
 
 def _reject_ext(code: int, data: bytes) -> Any:

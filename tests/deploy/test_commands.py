@@ -33,6 +33,8 @@ def check_compose_service(services: dict, name: str) -> None:
     port = args.http_port if args.command == "gateway" else args.metrics_port
     targets = {int(mapping["target"]) for mapping in service.get("ports", [])}
     assert port in targets, f"{name}: ferry listens on {port}, compose publishes {targets}"
+    if args.command == "gateway":
+        assert args.grpc_port in targets, f"{name}: gRPC listens on {args.grpc_port}, compose publishes {targets}"
     health = " ".join(service["healthcheck"]["test"])
     assert f"127.0.0.1:{port}/v2/health/" in health, f"{name}: the healthcheck asks another port"
 
@@ -49,13 +51,13 @@ def test_a_broken_compose_command_is_caught(tmp_path: Path) -> None:
     document = yaml.safe_load(COMPOSE.read_text())
     document["services"]["worker"]["command"] = document["services"]["worker"]["command"] + ["--metrics-prot", "8002"]
     gateway = document["services"]["gateway"]
-    gateway["command"] = [part.replace("8000", "8001") for part in gateway["command"]]
+    gateway["command"] = [part.replace("8000", "8003") for part in gateway["command"]]
     path = tmp_path / "compose.yaml"
     path.write_text(yaml.safe_dump(document))
     services = compose_model(path)["services"]
     with pytest.raises(BadCommand, match="unrecognized arguments: --metrics-prot"):
         check_compose_service(services, "worker")
-    with pytest.raises(AssertionError, match="listens on 8001"):
+    with pytest.raises(AssertionError, match="listens on 8003"):
         check_compose_service(services, "gateway")
 
 
@@ -77,7 +79,8 @@ def check_k8s_container(document: dict, container: dict, argv: list[str], env: d
     assert str(args.model_repository) == "/models", where
     broker_endpoint(args.broker, where)
     ports = {port["name"]: port["containerPort"] for port in container.get("ports", [])}
-    expected = {"http": args.http_port} if args.command == "gateway" else {"metrics": args.metrics_port}
+    expected = ({"http": args.http_port, "grpc": args.grpc_port} if args.command == "gateway"
+                else {"metrics": args.metrics_port})
     assert ports == expected, f"{where}: ferry listens on {expected}, the container declares {ports}"
     for probe in ("readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]

@@ -39,8 +39,8 @@ def image_problems(path: Path) -> list[str]:
     user = values.get("USER", "root").split(":")[0]
     if not user.isdigit() or int(user) == 0:
         problems.append(f"final stage runs as {user!r}, not a numeric non-root user")
-    if set(values.get("EXPOSE", "").split()) != {"8000", "8002"}:
-        problems.append(f"EXPOSE {values.get('EXPOSE')!r}: expected 8000 and 8002")
+    if set(values.get("EXPOSE", "").split()) != {"8000", "8001", "8002"}:
+        problems.append(f"EXPOSE {values.get('EXPOSE')!r}: expected 8000, 8001 and 8002")
     if "/v2/health/live" not in values.get("HEALTHCHECK", ""):
         problems.append("no HEALTHCHECK on /v2/health/live")
     try:

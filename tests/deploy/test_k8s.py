@@ -84,7 +84,8 @@ def test_probes_use_ferrys_health_endpoints_and_workers_get_time_to_drain() -> N
     for name, (port_name, port) in expected.items():
         deployment = _find("Deployment", name)
         container = _container(deployment)
-        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {port_name: port}
+        grpc = {"grpc": 8001} if name == "ferry-gateway" else {}
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {port_name: port, **grpc}
         assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": port_name}
         assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": port_name}
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

@@ -182,7 +182,7 @@ class ProcessFleet:
         port = free_port()
         name = f"gateway-{len(self.processes)}"
         gateway = Gateway(name, self._command("gateway", "--http-port", str(port), "--host", "127.0.0.1",
-                                              *extra), self.log_dir / f"{name}.log", port)
+                                              "--grpc-port", "0", *extra), self.log_dir / f"{name}.log", port)
         self.processes.append(gateway)
         wait_for(lambda: gateway.status("/v2/health/live") == 200, START_TIMEOUT_S,
                  f"gateway on port {port} to go live", gateway)

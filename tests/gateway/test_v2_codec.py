@@ -234,8 +234,8 @@ BAD_REQUESTS = [
      None, "requested output 'Y': parameter 'binary_data' must be true or false"),
     ("duplicate outputs", b'{"inputs":[],"outputs":[{"name":"Y"},{"name":"Y"}]}', None,
      "output 'Y' appears more than once"),
-    ("classification output", b'{"inputs":[],"outputs":[{"name":"Y","parameters":{"classification":3}}]}',
-     None, "classification extension is not supported"),
+    ("classification not a count", b'{"inputs":[],"outputs":[{"name":"Y","parameters":{"classification":"3"}}]}',
+     None, "requested output 'Y': Unable to set 'classification'"),
 ]
 
 

@@ -95,6 +95,7 @@ def test_explicit_mode_loads_only_what_it_is_told_behind_an_api_key(tmp_path: Pa
 
         error = _refused(client.load_model, "cold", headers=KEY)
         assert error.status() == "400" and "warmup sample 'zeros-fail'" in str(error), error
+        assert error.message().startswith("failed to load 'cold', "), error  # Triton's words
         assert not client.is_model_ready("cold")
 
         client.unload_model("adder", headers=KEY)

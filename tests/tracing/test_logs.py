@@ -83,12 +83,34 @@ def test_standard_library_loggers_write_json_lines_with_the_bound_ids() -> None:
         "warnings.warn('careful')\n"
         "structlog.get_logger('ferry.test').info('ours', model='m')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stderr.splitlines()]  # each line must be JSON
+    lines = [json.loads(line) for line in stderr_lines(script)]  # each line must be JSON
     assert [(line["event"].strip(), line["level"]) for line in lines] == [
         ("broker b1 unreachable", "warning"), ("task failed", "error"),
         (lines[2]["event"].strip(), "warning"), ("ours", "info")], lines
     assert lines[0]["logger"] == "kafka.conn" and lines[0]["request_id"] == "r-1" and "timestamp" in lines[0]
     assert "ZeroDivisionError" in lines[1]["exception"] and lines[2]["logger"] == "py.warnings"
     assert "careful" in lines[2]["event"] and lines[3]["model"] == "m" and lines[3]["request_id"] == "r-1"
+
+
+def test_log_settings_change_the_lines_a_process_writes() -> None:
+    script = (
+        "import structlog\n"
+        "from gateway.logs import PROCESS_LOGS, configure_logging\n"
+        "configure_logging('info', 'json')\n"
+        "log = structlog.get_logger('ferry.test')\n"
+        "log.info('one'); log.debug('hidden')\n"
+        "PROCESS_LOGS.update({'log_info': False, 'log_verbose_level': 1})\n"
+        "log.info('hidden'); log.debug('two'); log.warning('three')\n"
+        "PROCESS_LOGS.update({'log_warning': False, 'log_format': 'console'})\n"
+        "log.warning('hidden'); log.error('four')\n"
+    )
+    lines = stderr_lines(script)
+    assert [json.loads(line)["event"] for line in lines[:3]] == ["one", "two", "three"]
+    assert len(lines) == 4 and "four" in lines[3] and not lines[3].startswith("{"), lines
+
+
+def stderr_lines(script: str) -> list[str]:
+    """What a Python process running ``script`` writes to stderr, line by line."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stderr.splitlines()

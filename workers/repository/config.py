@@ -76,7 +76,7 @@ class InputConfig(TensorConfig):
 
 
 class OutputConfig(TensorConfig):
-    pass
+    label_filename: StrictStr = ""  # class labels, one per line, for Triton's classification extension
 
 
 class QueuePolicy(_Model):

@@ -78,6 +78,8 @@ def _check(path: Path, config: ModelConfig) -> None:
     for kind, tensors in (("input", config.inputs), ("output", config.outputs)):
         for index, tensor in enumerate(tensors):
             _check_reshape(path, f"{kind}[{index}]", tensor)
+    for index, output in enumerate(config.outputs):
+        _check_label_file(path, f"output[{index}].label_filename", output.label_filename)
     for index, group in enumerate(config.instance_groups):
         if group.gpus and group.kind in ("KIND_CPU", "KIND_MODEL"):
             raise ConfigError(str(path), f"instance_group[{index}].gpus", f"{group.kind} cannot name GPUs")
@@ -94,6 +96,12 @@ def _check(path: Path, config: ModelConfig) -> None:
     check_ensemble(path, config.ensemble_scheduling, config.platform, [t.name for t in config.inputs],
                    [t.name for t in config.outputs], _set_fields(config))
     _check_version_policy(path, config.version_policy)
+
+
+def _check_label_file(path: Path, field: str, filename: str) -> None:
+    """A file of the model's own directory (``ModelRepository`` checks that it is there)."""
+    if filename and (Path(filename).name != filename or filename in (".", "..")):
+        raise ConfigError(str(path), field, f"'{filename}' must be a file name in the model's directory, not a path")
 
 
 def _set_fields(config: ModelConfig) -> list[str]:

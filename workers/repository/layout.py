@@ -137,7 +137,9 @@ class ModelRepository:
         versions = _select_versions(config_path, policy, available)
         if backend == "onnxruntime":
             raw = self._autocomplete(config_path, raw, path / str(versions[-1]) / filename)
-        return ModelEntry(name, path, load_config(config_path, raw), versions)
+        config = load_config(config_path, raw)
+        _check_label_files(config_path, config)
+        return ModelEntry(name, path, config, versions)
 
     def _directory_names(self) -> list[str]:
         try:
@@ -288,3 +290,11 @@ def _as_config_error(path: Path, err: ConfigError | ModelNotFound) -> ConfigErro
     # A directory the name checks refuse (a symlink out of the root, say) is
     # still a rejected model from the operator's point of view.
     return err if isinstance(err, ConfigError) else ConfigError(str(path), "name", str(err))
+
+
+def _check_label_files(config_path: Path, config: ModelConfig) -> None:
+    """Labels named for the classification extension must be there when the model loads, as in Triton."""
+    for index, output in enumerate(config.outputs):
+        if output.label_filename and not (config_path.parent / output.label_filename).is_file():
+            raise ConfigError(str(config_path), f"output[{index}].label_filename",
+                              f"no file '{output.label_filename}' in {config_path.parent}")

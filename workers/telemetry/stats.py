@@ -15,6 +15,7 @@ from typing import Any
 
 from workers.telemetry.histogram import BATCH_BOUNDS, DURATION_BOUNDS, Histogram
 from workers.telemetry.timeline import RELEASED, BatchRecord, DeadLetterRecord, Timeline
+from workers.telemetry.triton_stats import TritonCounts
 
 
 def _durations() -> Histogram:
@@ -31,13 +32,14 @@ class ModelStats:
     request: Histogram = field(default_factory=_durations)  # enqueued -> answered
     queue: Histogram = field(default_factory=_durations)  # enqueued -> compute started
     compute: Histogram = field(default_factory=_durations)  # compute of its batch
+    triton: TritonCounts = field(default_factory=TritonCounts)  # exact sums for Triton's statistics
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "success": self.success, "failures": dict(self.failures), "inferences": self.inferences,
             "executions": self.executions,
             "batch_sizes": self.batch_sizes.to_wire(), "request": self.request.to_wire(),
-            "queue": self.queue.to_wire(), "compute": self.compute.to_wire(),
+            "queue": self.queue.to_wire(), "compute": self.compute.to_wire(), "triton": self.triton.to_wire(),
         }
 
 
@@ -72,12 +74,14 @@ class StatsBook:
         stats = self.model(batch.model, batch.version)
         stats.executions += 1
         stats.batch_sizes.observe(batch.size)
+        stats.triton.batch_ran(batch)
 
     def finished(self, timeline: Timeline) -> None:
         self.pending[timeline.model] -= 1
         if timeline.outcome == RELEASED:
             return
         stats = self.model(timeline.model, timeline.version)
+        stats.triton.finished(timeline)
         if not timeline.succeeded:
             stats.failures[timeline.outcome] += 1
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.telemetry.histogram import BATCH_BOUNDS, DURATION_BOUNDS
+from workers.telemetry.triton_stats import valid_wire
 
 WorkerStats = dict[str, Any]  # StatsBook.to_wire(): {"models": {"model/version": ...}, "pending": {...}}
 
@@ -40,6 +41,8 @@ def _model_stats(raw: object) -> bool:
     if not all(_count(raw.get(name)) for name in COUNTERS):
         return False
     if not _counts_by_name(raw.get("failures", {})):
+        return False
+    if "triton" in raw and not valid_wire(raw["triton"]):  # absent from a worker older than it
         return False
     return all(_histogram(raw.get(name), bounds) for name, bounds in HISTOGRAMS.items())
 

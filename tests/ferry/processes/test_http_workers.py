@@ -52,7 +52,8 @@ def serving(tmp_path: Path, new_session: bool = False) -> Iterator[tuple[str, su
     log = open(tmp_path / "serve.log", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path / "repo"),
-         "--host", "127.0.0.1", "--http-port", str(port), "--http-workers", str(HTTP_WORKERS), "--log-format", "json"],
+         "--host", "127.0.0.1", "--http-port", str(port), "--http-workers", str(HTTP_WORKERS), "--log-format", "json",
+         "--grpc-port", "0"],
         stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=new_session,
     )
     try:

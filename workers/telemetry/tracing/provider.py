@@ -3,8 +3,9 @@
 The provider is never made global (no ``trace.set_tracer_provider``): whoever
 traces is handed this object, so two in one process (tests) do not meet.
 
-Sampling is ``ParentBased(TraceIdRatioBased(rate))``: a caller's sampled
-flag is followed either way, and ``rate`` decides only for new traces. Spans
+Sampling is ``ParentBased(ControlledSampler(TraceControl))``: a caller's sampled flag is
+followed either way, and ``TraceControl`` (Triton's trace settings, which
+``GET/POST /v2/trace/setting`` change) decides only for new traces. Spans
 leave through a ``BatchSpanProcessor``, on its own thread; ``aclose`` flushes it.
 """
 
@@ -18,12 +19,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from workers.telemetry.settings import TraceSettings
+from workers.telemetry.tracing.control import TraceControl
 from workers.telemetry.tracing.jsonl import JsonlSpanExporter
+from workers.telemetry.tracing.sampler import ControlledSampler
 
 Attributes = Mapping[str, str | int | float | bool]
 Parent = Mapping[str, str] | Span | None  # a W3C carrier (traceparent, tracestate), a span, or a new root
@@ -49,17 +52,19 @@ def build_exporter(settings: TraceSettings) -> SpanExporter:
 
 
 class Tracing:
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, control: TraceControl) -> None:
         self._provider = provider
+        self.control = control
         self._tracer = provider.get_tracer("ferry")
         self._propagator = TraceContextTextMapPropagator()
 
     @classmethod
     def open(cls, settings: TraceSettings, service: str, exporter: SpanExporter | None = None) -> Tracing:
+        control = TraceControl(True, settings.rate, str(settings.file or ""))
         provider = TracerProvider(resource=Resource.create({"service.name": service}),
-                                  sampler=ParentBased(TraceIdRatioBased(settings.rate)))
+                                  sampler=ParentBased(root=ControlledSampler(control)))
         provider.add_span_processor(BatchSpanProcessor(exporter or build_exporter(settings)))
-        return cls(provider)
+        return cls(provider, control)
 
     def start(self, name: str, parent: Parent, attributes: Attributes | None = None,
               start_ns: int | None = None) -> Span:
