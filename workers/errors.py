@@ -32,6 +32,7 @@ class ConfigError(WorkerError):
         super().__init__(f"{path}: field '{field}': {message}")
         self.path = path
         self.field = field
+        self.detail = message
 
 
 class ModelNotFound(WorkerError):

@@ -26,14 +26,14 @@ from typing import Any
 
 import orjson
 
-from workers.errors import InvalidInput
+from workers.errors import ConfigError, InvalidInput
+from workers.repository.pbtxt import parse_json
 from workers.repository.safe_paths import inside, path_problem
 
 FILE_PREFIX = "file:"
 TEMP_PREFIX = "ferry-override-"
 _VERSION = re.compile(r"[1-9][0-9]{0,8}")
 # Protobuf's JSON form writes int64 as strings; pbtxt gives ints.
-_INT_LISTS = frozenset({"dims", "shape", "versions", "preferred_batch_size", "gpus"})
 
 
 class InvalidOverride(InvalidInput):
@@ -174,38 +174,26 @@ def _decode_content(key: str, value: Any) -> bytes:
 
 
 def _parse_config(model: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidOverride("config", f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
+    """Triton's JSON config, read with protobuf's JSON rules against Triton's schema, as Triton reads it."""
+    if isinstance(value, dict):
+        value = orjson.dumps(value)
+    if not isinstance(value, (str, bytes)):
         raise InvalidOverride("config", "expected a JSON object (a model config)")
-    return _checked_config(model, value)
+    try:
+        config = parse_json(value, "config")
+    except ConfigError as exc:
+        raise InvalidOverride("config", f"field '{exc.field}': {exc.detail}") from None
+    return _checked_config(model, config)
 
 
 def _checked_config(model: str, config: dict[str, Any]) -> dict[str, Any]:
     name = config.get("name", model)
     if name != model:
         raise InvalidOverride("config", f"its name {name!r} differs from the model being loaded, '{model}'")
-    return {**_pbtxt_shaped(config), "name": model}
+    return {**config, "name": model}
 
 
 def _check_files_need_config(overrides: LoadOverrides) -> None:
     if overrides.files and overrides.config is None:
         raise InvalidOverride("config", "file overrides need a config override too (the model is "
                                         "served from the override files alone)")
-
-
-def _pbtxt_shaped(value: Any, key: str = "") -> Any:
-    """Triton's JSON form shaped like parsed pbtxt: maps become key/value
-    entries, int64 strings in dims become ints."""
-    if isinstance(value, dict):
-        if key == "parameters" and all(isinstance(v, dict) for v in value.values()):
-            return [{"key": k, "value": v} for k, v in value.items()]
-        return {k: _pbtxt_shaped(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        if key in _INT_LISTS:
-            return [int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for v in value]
-        return [_pbtxt_shaped(v) for v in value]
-    return value

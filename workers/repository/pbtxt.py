@@ -1,99 +1,83 @@
-"""Protocol Buffers text format, as Triton's ``config.pbtxt`` uses it.
+"""Triton's ``config.pbtxt``, read as Triton reads it: protobuf's text format
+against Triton's own ``ModelConfig`` schema (``model_config.proto``, which
+``tritonclient`` ships compiled as ``tritonclient.grpc.model_config_pb2``).
 
-``parse`` turns the text into plain values: a message is a ``dict``, a scalar
-is an ``int``, ``float``, ``bool`` or ``str`` (enum identifiers such as
-``TYPE_FP32`` stay strings), and a repeated field is a ``list``.
+So a field the schema lacks, an enum value it does not define
+(``data_type: FP32`` for ``TYPE_FP32``) or a value of the wrong type is
+refused exactly where Triton refuses it. A load request's ``config``
+override is JSON, read with protobuf's JSON rules as Triton does (a quoted
+integer such as ``"max_batch_size": "16"`` is an integer).
 
-Text format alone cannot tell a repeated field written once from a singular
-one, so the caller names the repeated fields (``TRITON_REPEATED`` by default);
-those are always lists. Any other field written more than once, or written
-with list syntax, becomes a list too, which lets validation name it precisely.
-Map fields stay as protobuf writes them: a list of ``{"key": ..., "value":
-...}`` entries.
-
-Only ``ConfigError`` escapes, naming the file, the line:column and what was
-expected.
+What comes out is plain values for ``workers.repository.config`` to validate:
+a message is a ``dict`` of the fields that are set, a repeated field a
+``list``, an enum its name, and a map a list of ``{"key": ..., "value": ...}``
+entries in key order (``map_entries`` turns one into a ``dict``). Only
+``ConfigError`` escapes, naming the file, the line:column where there is one,
+and the field.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from tritonclient.grpc import model_config_pb2
 
 from workers.errors import ConfigError
 
-# Repeated fields of Triton's ModelConfig, by field name; no singular field
-# anywhere in that schema shares a name with one of these.
-TRITON_REPEATED = frozenset({
-    "input", "output", "dims", "shape", "instance_group", "gpus",
-    "secondary_devices", "profile", "preferred_batch_size", "parameters",
-    "versions", "model_warmup", "inputs", "batch_input", "batch_output",
-    "source_input", "target_name", "control_input", "control", "state",
-    "initial_state", "int32_false_true", "fp32_false_true", "bool_false_true",
-    "step", "input_map", "output_map", "gpu_execution_accelerator",
-    "cpu_execution_accelerator", "graph_spec", "dim", "agents",
-    "op_library_filename", "priority_queue_policy", "resources", "global",
-})
-
-MAX_DEPTH = 64
-
-_TOKEN = re.compile(r"""
-    (?P<space>[ \t\r\n\f\v]+|\#[^\n]*)
-  | (?P<float>-(?:inf(?:inity)?|nan)\b)
-  | (?P<number>-?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[fF]?)
-        (?![A-Za-z0-9_.]))
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
-  | (?P<punct>[{}\[\]<>:,;])
-""", re.VERBOSE | re.IGNORECASE)
-
-_SIMPLE_ESCAPES = {
-    "n": b"\n", "t": b"\t", "r": b"\r", "a": b"\a", "b": b"\b", "f": b"\f",
-    "v": b"\v", "\\": b"\\", "'": b"'", '"': b'"', "?": b"?",
-}
-_ESCAPE = re.compile(
-    r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))",
-    re.DOTALL,
-)
-_CLOSE = {"{": "}", "<": ">"}
-_IDENT_VALUES: dict[str, Any] = {
-    "true": True, "false": False,
-    "inf": float("inf"), "infinity": float("inf"), "nan": float("nan"),
-}
+# protobuf's messages: "2:1 : Message type ... has no field named "foo"." and the like.
+_POSITION = re.compile(r"^(?P<line>\d+):(?P<column>\d+) : (?:'[^\n]*': )?(?P<message>.*)$", re.DOTALL)
+_INDEX = re.compile(r"\[\d+\]$")
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
-    kind: str  # float, number, ident, string, punct or eof
-    text: str
-    line: int
-    column: int
-
-    def describe(self) -> str:
-        return "end of file" if self.kind == "eof" else repr(self.text)
-
-
-def parse(text: str, path: str, repeated: frozenset[str] = TRITON_REPEATED) -> dict[str, Any]:
+def parse(text: str, path: str) -> dict[str, Any]:
     """Parse pbtxt ``text``; ``path`` only names the file in errors."""
-    parser = _Parser(_tokenize(text, path), path, repeated)
-    return parser.message(closer=None, depth=0)
+    config = model_config_pb2.ModelConfig()
+    try:
+        with warnings.catch_warnings():
+            # protobuf warns of an escape it does not know ("\\o") and then reads it as it is.
+            warnings.simplefilter("error", DeprecationWarning)
+            text_format.Parse(text, config)
+    except text_format.ParseError as err:
+        raise _text_error(path, text, str(err)) from None
+    except (DeprecationWarning, ValueError) as err:  # a bad escape or a string that is not UTF-8
+        raise ConfigError(path, "(config)", f"cannot read a string: {err}") from None
+    return plain(config)
 
 
-def parse_file(path: Path, repeated: frozenset[str] = TRITON_REPEATED) -> dict[str, Any]:
+def parse_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), "(file)", f"not valid UTF-8 at byte {err.start}") from None
     except OSError as err:
         raise ConfigError(str(path), "(file)", f"cannot read: {err.strerror or err}") from None
-    return parse(text, str(path), repeated)
+    return parse(text, str(path))
 
+
+def parse_json(body: str | bytes, path: str) -> dict[str, Any]:
+    """A config as Triton's JSON (protobuf's JSON mapping); ``path`` names it in errors."""
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.Parse(body, config)
+    except json_format.ParseError as err:
+        message = str(err).split("\n")[0]
+        raise ConfigError(path, _json_field(message), message) from None
+    return plain(config)
+
+
+def plain(message: Message) -> dict[str, Any]:
+    """The fields of ``message`` that are set, as plain values."""
+    return {field.name: _field_value(field, value) for field, value in message.ListFields()}
 
 
 def map_entries(value: Any, example: str, twice: str = "") -> Any:
-    """Protobuf map entries as pbtxt gives them, ``[{key, value}]``, as
+    """Protobuf map entries as ``plain`` gives them, ``[{key, value}]``, as
     ``{key: value}`` (anything else passes through for the validator to
     judge); ValueError naming the entry that is not ``example``-shaped, and,
     when ``twice`` is set, for a key given twice (``twice`` formatted with
@@ -109,193 +93,117 @@ def map_entries(value: Any, example: str, twice: str = "") -> Any:
         result[entry["key"]] = entry["value"]
     return result
 
-def _tokenize(text: str, path: str) -> list[Token]:
-    tokens: list[Token] = []
-    pos, line, line_start = 0, 1, 0
-    while pos < len(text):
-        match = _TOKEN.match(text, pos)
-        column = pos - line_start + 1
-        if match is None:
-            problem = "unterminated string" if text[pos] in "\"'" else f"unexpected character {text[pos]!r}"
-            raise ConfigError(path, "(syntax)", f"line {line}:{column}: {problem}")
-        kind = match.lastgroup or ""
-        if kind != "space":
-            tokens.append(Token(kind, match.group(), line, column))
-        newlines = match.group().count("\n")
-        if newlines:
-            line += newlines
-            line_start = match.start() + match.group().rindex("\n") + 1
-        pos = match.end()
-    tokens.append(Token("eof", "", line, pos - line_start + 1))
-    return tokens
+
+def _field_value(field: FieldDescriptor, value: Any) -> Any:
+    entry = field.message_type
+    if entry is not None and entry.GetOptions().map_entry:
+        inner = entry.fields_by_name["value"]
+        return [{"key": key, "value": _single(inner, value[key])} for key in sorted(value)]
+    if field.is_repeated:
+        return [_single(field, item) for item in value]
+    return _single(field, value)
 
 
-class _Unclosed(Exception):
-    """End of file inside a message; the opener reports it with its position."""
+def _single(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return plain(value)
+    if field.enum_type is not None:
+        return field.enum_type.values_by_number[value].name
+    return value
 
 
-class _Parser:
-    def __init__(self, tokens: list[Token], path: str, repeated: frozenset[str]) -> None:
-        self._tokens = tokens
-        self._index = 0
-        self._path = path
-        self._repeated = repeated
-        self._fields: list[str] = []  # the enclosing field names, for errors
-
-    def message(self, closer: str | None, depth: int) -> dict[str, Any]:
-        if depth > MAX_DEPTH:
-            self._fail(f"messages nested deeper than {MAX_DEPTH} levels")
-        fields: dict[str, list[Any]] = {}
-        listed: set[str] = set()
-        while not self._at_end(closer):
-            name = self._expect_kind("ident", "a field name").text
-            self._fields.append(name)
-            values, is_list = self._field_value(name, depth)
-            self._fields.pop()
-            fields.setdefault(name, []).extend(values)
-            if is_list:
-                listed.add(name)
-            self._skip_separator()
-        if closer is not None:
-            self._advance()
-        return {name: self._shape(name, values, name in listed) for name, values in fields.items()}
-
-    def _shape(self, name: str, values: list[Any], is_list: bool) -> Any:
-        if name in self._repeated or is_list or len(values) != 1:
-            return values
-        return values[0]
-
-    def _field_value(self, name: str, depth: int) -> tuple[list[Any], bool]:
-        colon = self._accept(":")
-        token = self._peek()
-        if token.text in _CLOSE:
-            return [self._message_value(depth)], False
-        if token.text == "[":
-            return self._list(name, depth), True
-        if not colon:
-            self._fail(f"expected ':' or '{{' after field '{name}', found {token.describe()}")
-        return [self._scalar(name)], False
-
-    def _message_value(self, depth: int) -> dict[str, Any]:
-        opener = self._advance()
-        try:
-            return self.message(closer=_CLOSE[opener.text], depth=depth + 1)
-        except _Unclosed:
-            self._fail(
-                f"expected '{_CLOSE[opener.text]}' to close the '{opener.text}' "
-                f"opened at line {opener.line}:{opener.column}, found end of file"
-            )
-
-    def _list(self, name: str, depth: int) -> list[Any]:
-        self._advance()
-        values: list[Any] = []
-        if self._accept("]"):
-            return values
-        while True:
-            if self._peek().text in _CLOSE:
-                values.append(self._message_value(depth))
-            else:
-                values.append(self._scalar(name))
-            if self._accept("]"):
-                return values
-            if not self._accept(","):
-                self._fail(f"expected ',' or ']' in the list for '{name}', found {self._peek().describe()}")
-
-    def _scalar(self, name: str) -> Any:
-        token = self._peek()
-        if token.kind == "string":
-            return self._strings()
-        if token.kind in ("number", "float", "ident"):
-            try:
-                value = _scalar_value(token)
-            except ValueError:  # Python refuses to convert ints of thousands of digits
-                self._fail(f"number {token.text[:20]}... is too long")
-            self._advance()
-            return value
-        self._fail(f"expected a value for '{name}', found {token.describe()}")
-
-    def _strings(self) -> str:
-        # Adjacent string literals concatenate, as in C and protobuf.
-        raw = b""
-        first = self._peek()
-        while self._peek().kind == "string":
-            raw += _unescape(self._advance().text[1:-1])
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self._error(first, "string is not valid UTF-8") from None
-
-    def _skip_separator(self) -> None:
-        if not self._accept(","):
-            self._accept(";")
-
-    def _at_end(self, closer: str | None) -> bool:
-        token = self._peek()
-        if closer is None:
-            return token.kind == "eof"
-        if token.kind == "eof":
-            raise _Unclosed
-        return token.text == closer
-
-    def _expect_kind(self, kind: str, what: str) -> Token:
-        token = self._peek()
-        if token.kind != kind:
-            self._fail(f"expected {what}, found {token.describe()}")
-        return self._advance()
-
-    def _accept(self, punct: str) -> bool:
-        token = self._peek()
-        if token.kind == "punct" and token.text == punct:
-            self._advance()
-            return True
-        return False
-
-    def _peek(self) -> Token:
-        return self._tokens[self._index]
-
-    def _advance(self) -> Token:
-        token = self._tokens[self._index]
-        self._index = min(self._index + 1, len(self._tokens) - 1)
-        return token
-
-    def _error(self, token: Token, message: str) -> ConfigError:
-        field = ".".join(self._fields) or "(syntax)"
-        return ConfigError(self._path, field, f"line {token.line}:{token.column}: {message}")
-
-    def _fail(self, message: str) -> NoReturn:
-        raise self._error(self._peek(), message)
+def _text_error(path: str, text: str, message: str) -> ConfigError:
+    """protobuf's message, with the dotted field it was reading (protobuf names only a type)."""
+    match = _POSITION.match(message)
+    if match is None:
+        return ConfigError(path, "(config)", message)
+    line, column = int(match["line"]), int(match["column"])
+    detail = match["message"].rstrip(".")
+    unknown = re.search(r'(?:has no field named |^Field )"([^"]+)"', detail)
+    field = field_at(text, line, column, unknown[1] if unknown else None)
+    return ConfigError(path, field, f"{detail} (line {line}, column {column})")
 
 
-def _scalar_value(token: Token) -> Any:
-    text = token.text
-    if token.kind == "float":
-        return float(text.lower().replace("infinity", "inf"))
-    if token.kind == "ident":
-        return _IDENT_VALUES.get(text.lower(), text)
-    if text.lower().lstrip("-").startswith("0x"):
-        return int(text, 16)
-    if any(c in text for c in ".eEfF"):
-        return float(text.rstrip("fF"))
-    return int(text)
+_TOKEN = re.compile(r"""\s+|\#[^\n]*|"(?:[^"\\\n]|\\.)*"?|'(?:[^'\\\n]|\\.)*'?|[A-Za-z_][A-Za-z0-9_]*|[-+.0-9][A-Za-z0-9_.+-]*|.""")
 
 
-def _unescape(body: str) -> bytes:
-    out = bytearray()
-    pos = 0
-    for match in _ESCAPE.finditer(body):
-        out += body[pos:match.start()].encode("utf-8", "surrogatepass")
-        out += _escape_bytes(match)
-        pos = match.end()
-    out += body[pos:].encode("utf-8", "surrogatepass")
-    return bytes(out)
+def field_at(text: str, line: int, column: int, unknown: str | None = None) -> str:
+    """The dotted name (``input[1].data_type``, a map's entry by its key: ``parameters.k``) of
+    the field being read at ``line``:``column`` (1-based), or of ``unknown`` inside the message
+    open there."""
+    lines = text.splitlines(keepends=True)
+    end = sum(len(text_line) for text_line in lines[:line - 1]) + column - 1
+    messages = [_Frame("")]  # the messages open, innermost last
+    opened: list[str] = []  # "{" or "[:<field>", innermost last
+    field = ""
+    for token in _TOKEN.finditer(text, 0, end):
+        word = token.group()
+        if word[0].isalpha() or word[0] == "_":
+            if _next_is_field_end(text, token.end()):
+                field = word
+        elif word[0] in "\"'" and field == "key" and len(word) > 1:
+            messages[-1].key = word[1:-1]
+        elif word == "[":
+            opened.append(f"[:{field}")
+        elif word == "]" and opened and opened[-1].startswith("["):
+            opened.pop()
+        elif word in ("{", "<"):
+            owner = opened[-1][2:] if opened and opened[-1].startswith("[") else field
+            messages.append(messages[-1].child(owner))
+            opened.append("{")
+            field = ""
+        elif word in ("}", ">") and opened and opened[-1] == "{":
+            opened.pop()
+            messages.pop()
+            field = opened[-1][2:] if opened and opened[-1].startswith("[") else ""
+    name = unknown if unknown is not None else field
+    return _single_indices(messages[-1].dotted(name) if name else (messages[-1].name or "(config)"))
 
 
-def _escape_bytes(match: re.Match[str]) -> bytes:
-    octal, hex_byte, short, long, simple = match.groups()
-    if octal is not None:
-        return bytes([int(octal, 8) & 0xFF])
-    if hex_byte is not None:
-        return bytes([int(hex_byte, 16)])
-    if short is not None or long is not None:
-        return chr(min(int(short or long, 16), 0x10FFFF)).encode("utf-8", "surrogatepass")
-    return _SIMPLE_ESCAPES.get(simple, ("\\" + simple).encode("utf-8", "surrogatepass"))
+class _Frame:
+    """A message open in the text: its dotted name, how often each field opened in it, and,
+    for a map's entry, its key once read."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: dict[str, int] = {}
+        self.key: str | None = None
+
+    def child(self, field: str) -> _Frame:
+        if field == "value" and self.key is not None:
+            return _Frame(self.dotted(field))
+        index = self.seen.get(field, 0)
+        self.seen[field] = index + 1
+        return _Frame(f"{self.name}.{field}[{index}]".lstrip("."))
+
+    def dotted(self, field: str) -> str:
+        if field == "value" and self.key is not None:  # an entry's value is named by its key
+            return f"{_INDEX.sub('', self.name)}.{self.key}"
+        return f"{self.name}.{field}".lstrip(".")
+
+
+def _next_is_field_end(text: str, at: int) -> bool:
+    """Whether the identifier ending at ``at`` is a field name (``:``, ``{`` or ``<`` follows)."""
+    rest = text[at:at + 64].lstrip()
+    return rest[:1] in (":", "{", "<", "[")
+
+
+def _single_indices(dotted: str) -> str:
+    """``[0]`` dropped after a field written once and not repeated in the schema (``dynamic_batching``)."""
+    parts = []
+    descriptor = model_config_pb2.ModelConfig.DESCRIPTOR
+    for part in dotted.split("."):
+        base = part.split("[")[0]
+        field = descriptor.fields_by_name.get(base) if descriptor is not None else None
+        if field is not None and not field.is_repeated:
+            part = base
+        parts.append(part)
+        descriptor = field.message_type if field is not None else None
+    return ".".join(parts)
+
+
+def _json_field(message: str) -> str:
+    named = re.search(r'has no field named "([^"]+)"|Failed to parse (\w+) field', message)
+    if named is None:
+        return "(config)"
+    return named[1] or named[2]

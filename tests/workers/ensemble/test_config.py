@@ -75,10 +75,11 @@ def test_a_tensor_produced_twice_is_refused():
     assert err.field == "ensemble_scheduling.step[1].output_map" and "step[0]" in str(err)
 
 
-def test_a_key_mapped_twice_and_an_empty_map_name_their_field():
-    twice = '{ model_name: "a" input_map { key: "X" value: "IN" } input_map { key: "X" value: "IN" } ' \
+def test_a_key_mapped_twice_takes_the_last_as_triton_does_and_an_empty_map_names_its_field():
+    twice = '{ model_name: "a" input_map { key: "X" value: "other" } input_map { key: "X" value: "IN" } ' \
             'output_map { key: "Y" value: "OUT" } }'
-    assert error_of(twice).field == "ensemble_scheduling.step[0].input_map"
+    scheduling = ensemble(twice).ensemble_scheduling
+    assert scheduling is not None and dict(scheduling.step[0].input_map) == {"X": "IN"}
     empty = '{ model_name: "a" output_map { key: "Y" value: "OUT" } }'
     assert error_of(empty).field == "ensemble_scheduling.step[0].input_map"
 
@@ -98,8 +99,9 @@ def test_platform_and_scheduling_go_together():
 
 
 def test_an_ensemble_cannot_batch_dynamically():
+    # In Triton's schema the two are one oneof, so protobuf refuses the second one read.
     err = error_of(step("a", {"X": "IN"}, {"Y": "OUT"}), HEAD + "dynamic_batching { }")
-    assert err.field == "dynamic_batching"
+    assert err.field == "ensemble_scheduling" and 'oneof "scheduling_choice"' in str(err)
 
 
 def test_latency_keys_are_per_model_and_a_repeated_model_is_numbered():

@@ -66,10 +66,6 @@ def test_precision_and_booleans_are_normalised():
     ('gpu_execution_accelerator: [ { name: "tensorrt" parameters { key: "max_workspace_size_bytes" value: "1G" } } ]',
      "optimization.execution_accelerators.gpu_execution_accelerator",
      "parameter 'max_workspace_size_bytes' must be a whole number"),
-    ('gpu_execution_accelerator: [ { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } '
-     'parameters { key: "precision_mode" value: "FP32" } } ]',
-     "optimization.execution_accelerators.gpu_execution_accelerator[0].parameters",
-     "parameter 'precision_mode' is given twice"),
     ('gpu_execution_accelerator: [ { name: "tensorrt" }, { name: "tensorrt" } ]',
      "optimization.execution_accelerators.gpu_execution_accelerator", "named twice"),
 ])
