@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from broker.envelope import Response as Reply
 from broker.envelope import decode_response
+from gateway.catalog import checked_target
 from gateway.classification import Classifiers
 from gateway.compression import compress, decompress, response_encoding
 from gateway.dashboard import Dashboard
@@ -43,7 +44,6 @@ from gateway.tracing import caller_context
 from gateway.v2_codec import Classify, RequestedOutput, parse_infer_request, render_infer_response
 from workers.decimal_text import ascii_int
 from workers.telemetry.tracing.control import TraceControl
-from workers.repository.layout import is_safe_name
 
 log = structlog.get_logger("ferry.gateway.http")
 
@@ -177,13 +177,7 @@ class _Api:
         return await guarded(handler(request), request.url.path, "http.unhandled")
 
     def _target(self, request: Request | WebSocket) -> tuple[str, str]:
-        name = request.path_params["model"]
-        version = request.path_params.get("version", "")
-        for text, what in ((name, "model name"), (version, "model version")):
-            if text and not is_safe_name(text):
-                raise InvalidRequest(f"invalid {what} '{text}': it must not start with '.' "
-                                     "or contain '..', '/', '\\' or NUL")
-        return name, version
+        return checked_target(request.path_params["model"], request.path_params.get("version", ""))
 
     async def _model(self, request: Request) -> Response:
         name, version = self._target(request)

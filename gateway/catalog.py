@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
+from gateway.errors import InvalidRequest
 from workers.decimal_text import ascii_int
 from workers.errors import ConfigError, ModelNotFound
-from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex
+from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex, is_safe_name
 
 ReadyVersions = Callable[[], dict[str, tuple[int, ...]]]
 
@@ -111,3 +112,12 @@ class ModelCatalog:
         if self._expected is not None and name not in self._expected:
             return f"not loaded (explicit model control: POST /v2/repository/models/{name}/load)"
         return "not served by any live worker"
+
+
+def checked_target(name: str, version: str) -> tuple[str, str]:
+    """A model name and version as a request gives them, refused when they could leave the repository."""
+    for text, what in ((name, "model name"), (version, "model version")):
+        if text and not is_safe_name(text):
+            raise InvalidRequest(f"invalid {what} '{text}': it must not start with '.' "
+                                 "or contain '..', '/', '\\' or NUL")
+    return name, version

@@ -17,6 +17,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2 as pb, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from gateway.grpc.tensors import CONTENTS_FIELD
 from tests.models import IDENTITY_DATATYPES, write_countdown_model, write_identity_model
 from tests.workers.sequences.accumulator import write_accumulator
 from tests.servers import ferry_serve, free_port
@@ -129,6 +130,31 @@ def test_typed_contents_through_a_plain_grpcio_stub(grpc_url):
         with pytest.raises(grpc.RpcError) as raised:
             stub.ModelInfer(request)
         assert "FP16 tensors must be sent in raw_input_contents" in raised.value.details()
+
+
+TYPED = {  # values at each datatype's edges, sent in its typed contents field
+    "BOOL": [True, False, True], "UINT8": [0, 7, 255], "UINT16": [0, 7, 65535], "UINT32": [0, 7, 2**32 - 1],
+    "UINT64": [0, 7, 2**64 - 1], "INT8": [-128, 0, 127], "INT16": [-32768, 0, 32767],
+    "INT32": [-2**31, 0, 2**31 - 1], "INT64": [-2**63, 0, 2**63 - 1], "FP32": [1.5, -0.25, 3e38],
+    "FP64": [1.5, -0.25, 1e300], "BYTES": [b"h\xc3\xa9llo", b"", b"nul\x00inside"],
+}
+
+
+@pytest.mark.parametrize("datatype", sorted(TYPED))
+def test_every_datatype_round_trips_as_typed_contents(grpc_url, datatype):
+    values = TYPED[datatype]
+    with grpc.insecure_channel(grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name=f"identity_{datatype.lower()}")
+        tensor = request.inputs.add(name=f"IN_{datatype}", datatype=datatype, shape=[1, len(values)])
+        getattr(tensor.contents, CONTENTS_FIELD[datatype]).extend(values)
+        response = stub.ModelInfer(request)
+    raw = response.raw_output_contents[0]
+    if datatype == "BYTES":
+        assert raw == b"".join(len(v).to_bytes(4, "little") + v for v in values)
+    else:
+        expected = np.array(values, dtype=grpcclient.triton_to_np_dtype(datatype))
+        np.testing.assert_array_equal(np.frombuffer(raw, expected.dtype), expected)
 
 
 def test_errors_carry_tritons_codes_and_words(client):

@@ -17,8 +17,9 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2 as pb, service_pb2_grpc
 
+from gateway.catalog import checked_target
 from gateway.classification import Classifiers
-from gateway.errors import InvalidRequest, RegionNotFound
+from gateway.errors import InvalidRequest
 from gateway.grpc.status import abort_with
 from gateway.grpc.streams import StreamSession
 from gateway.grpc.tensors import infer_response, parse_grpc_request
@@ -29,7 +30,6 @@ from gateway.service import InferenceService
 from gateway.shared_memory.binding import bind
 from gateway.shared_memory.regions import SharedMemoryRegions
 from gateway.statistics import Statistics
-from workers.repository.layout import is_safe_name
 from workers.telemetry.tracing.control import TraceControl, TraceSettingError
 
 Message = TypeVar("Message")
@@ -63,7 +63,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
         async def ready() -> Any:
-            entry, number = self._catalog.version(*self._target(request.name, request.version))
+            entry, number = self._catalog.version(*checked_target(request.name, request.version))
             return pb.ModelReadyResponse(ready=self._catalog.is_ready(entry.name, number))
         return await self._answer(ready, context)
 
@@ -72,14 +72,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
         async def metadata() -> Any:
-            entry, number = self._catalog.version(*self._target(request.name, request.version))
+            entry, number = self._catalog.version(*checked_target(request.name, request.version))
             body = model_metadata(entry.config, (number,) if number is not None else entry.versions)
             return json_format.ParseDict(body, pb.ModelMetadataResponse())
         return await self._answer(metadata, context)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext) -> Any:
         async def config() -> Any:
-            entry, _ = self._catalog.version(*self._target(request.name, request.version))
+            entry, _ = self._catalog.version(*checked_target(request.name, request.version))
             proto = json_format.ParseDict(entry.config.to_json(), model_config_pb2.ModelConfig(),
                                           ignore_unknown_fields=True)
             return pb.ModelConfigResponse(config=proto)
@@ -89,7 +89,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
         async def infer() -> Any:
-            name, version = self._target(request.model_name, request.model_version)
+            name, version = checked_target(request.model_name, request.model_version)
             self._catalog.version(name, version)  # an unknown model is refused before anything else
             parsed = parse_grpc_request(request)
             bound = bind(self._parts.regions, parsed)
@@ -103,7 +103,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
         session = StreamSession(self._parts.service, self._parts.regions, self._classifiers.for_request,
-                                self._target, _trace_context(context))
+                                checked_target, _trace_context(context))
         async for message in session.run(request_iterator):
             yield message
 
@@ -111,7 +111,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext) -> Any:
         async def statistics() -> Any:
-            name, version = self._target(request.name, request.version) if request.name else ("", "")
+            name, version = checked_target(request.name, request.version) if request.name else ("", "")
             body = await self._parts.statistics.model_stats(name, version)
             return json_format.ParseDict(body, pb.ModelStatisticsResponse())
         return await self._answer(statistics, context)
@@ -169,23 +169,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
                                      context: grpc.aio.ServicerContext) -> Any:
         async def status() -> Any:
-            if request.name:
-                raise RegionNotFound(f"Unable to find cuda shared memory region: '{request.name}'")
+            self._parts.regions.cuda_status(request.name or None)  # lists none, or refuses the name
             return pb.CudaSharedMemoryStatusResponse()
         return await self._answer(status, context)
 
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
                                        context: grpc.aio.ServicerContext) -> Any:
         async def register() -> Any:
-            self._parts.regions.check_enabled()
-            raise InvalidRequest(f"failed to register CUDA shared memory region: '{request.name}', "
-                                 "GPUs not supported")
+            self._parts.regions.cuda_register(request.name)
+            return pb.CudaSharedMemoryRegisterResponse()
         return await self._answer(register, context)
 
     async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
                                          context: grpc.aio.ServicerContext) -> Any:
         async def unregister() -> Any:
-            self._parts.regions.check_enabled()  # there is no CUDA region to unregister
+            self._parts.regions.cuda_unregister()
             return pb.CudaSharedMemoryUnregisterResponse()
         return await self._answer(unregister, context)
 
@@ -231,14 +229,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:  # noqa: BLE001 - every error leaves as a status; abort_with logs bugs
             await abort_with(context, exc)
             raise  # not reached: abort raises
-
-    @staticmethod
-    def _target(name: str, version: str) -> tuple[str, str]:
-        for text, what in ((name, "model name"), (version, "model version")):
-            if text and not is_safe_name(text):
-                raise InvalidRequest(f"invalid {what} '{text}': it must not start with '.' "
-                                     "or contain '..', '/', '\\' or NUL")
-        return name, version
 
 
 def _trace_context(context: grpc.aio.ServicerContext) -> dict[str, str]:

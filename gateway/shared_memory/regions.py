@@ -176,6 +176,24 @@ class SharedMemoryRegions:
             raise RegionNotFound(f"Unable to find system shared memory region: '{name}'")
         return [region.status()]
 
+    # CUDA shared memory: ferry runs without GPUs here, as a Triton built without them does:
+    # no region is ever registered, status lists none and unregister has nothing to do.
+
+    def cuda_status(self, name: str | None = None) -> list[dict[str, Any]]:
+        if name is None:
+            return []
+        if name in self._regions:
+            raise RegionNotFound(f"The region named '{name}' is registered as system shared memory, "
+                                 "not CUDA shared memory")
+        raise RegionNotFound(f"Unable to find cuda shared memory region: '{name}'")
+
+    def cuda_register(self, name: str) -> None:
+        self.check_enabled()
+        raise InvalidRequest(f"failed to register CUDA shared memory region: '{name}', GPUs not supported")
+
+    def cuda_unregister(self) -> None:
+        self.check_enabled()  # there is no CUDA region to unregister
+
     def resolve(self, wanted: RegionSlice, where: str) -> Slice:
         region = self._regions.get(wanted.region)
         if region is None:

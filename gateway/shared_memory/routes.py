@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.errors import InvalidRequest, RegionNotFound
+from gateway.errors import InvalidRequest
 from gateway.json_tensors import json_name
 from gateway.responses import guarded
 from gateway.shared_memory.regions import SharedMemoryRegions
@@ -75,21 +75,14 @@ class SharedMemoryRoutes:
         return Response(status_code=200)
 
     async def _cuda_status(self, request: Request) -> Response:
-        name = request.path_params.get("name")
-        if name is None:
-            return _json([])
-        if name in self._regions:
-            raise RegionNotFound(f"The region named '{name}' is registered as system shared memory, "
-                                 "not CUDA shared memory")
-        raise RegionNotFound(f"Unable to find cuda shared memory region: '{name}'")
+        return _json(self._regions.cuda_status(request.path_params.get("name")))
 
     async def _cuda_register(self, request: Request) -> Response:
-        self._regions.check_enabled()
-        raise InvalidRequest(f"failed to register CUDA shared memory region: '{request.path_params['name']}', "
-                             "GPUs not supported")
+        self._regions.cuda_register(request.path_params["name"])
+        return Response(status_code=200)  # not reached: no CUDA region can be registered
 
     async def _cuda_unregister(self, request: Request) -> Response:
-        self._regions.check_enabled()  # there is no CUDA region to unregister
+        self._regions.cuda_unregister()
         return Response(status_code=200)
 
     def _guard(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

@@ -62,8 +62,12 @@ def test_statistics_add_up_over_two_workers(redis_url: str, repository: Path, tm
             (row,) = client.get_inference_statistics("add_sub")["model_stats"]
             return row
 
-        wait_for(lambda: stats()["inference_stats"]["success"]["count"] == GOOD, 10,
-                 "the workers' heartbeats to carry every request", gateway)
+        def counted() -> tuple[int, int]:
+            inference = stats()["inference_stats"]
+            return inference["success"]["count"], inference["fail"]["count"]
+
+        # Each worker's heartbeat carries its own share: wait for both counts, not the first to arrive.
+        wait_for(lambda: counted() == (GOOD, BAD), 10, "the workers' heartbeats to carry every request", gateway)
         got = stats()
         inference = got["inference_stats"]
         assert (got["name"], got["version"]) == ("add_sub", "1")
