@@ -45,7 +45,7 @@ class _Model(BaseModel):
 
 
 class Control(_Model):
-    kind: ControlKind
+    kind: ControlKind = "CONTROL_SEQUENCE_START"  # the schema's zero value, which protobuf never writes out
     int32_false_true: tuple[Annotated[int, Strict()], ...] = ()
     fp32_false_true: tuple[float, ...] = ()
     bool_false_true: tuple[Annotated[bool, Strict()], ...] = ()
