@@ -27,6 +27,11 @@ class InvalidRequest(GatewayError):
     pass
 
 
+class AlreadyExists(InvalidRequest):
+    """A name is taken (a shared memory region registered twice): a 400 over HTTP, as in
+    Triton, and ALREADY_EXISTS over gRPC."""
+
+
 class PayloadTooLarge(GatewayError):
     pass
 

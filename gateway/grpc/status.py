@@ -14,6 +14,7 @@ import grpc
 import structlog
 
 from broker.envelope import ErrorInfo
+from gateway.errors import AlreadyExists
 from gateway.status import ANSWERED, status_for, status_for_code
 
 log = structlog.get_logger("ferry.gateway.grpc")
@@ -39,12 +40,17 @@ def grpc_code(http_status: int) -> grpc.StatusCode:
     return _BY_HTTP.get(http_status, grpc.StatusCode.UNKNOWN)
 
 
+def _code_for(error: Exception) -> grpc.StatusCode:
+    # Triton's HTTP door folds ALREADY_EXISTS into 400; its gRPC door keeps the code.
+    return grpc.StatusCode.ALREADY_EXISTS if isinstance(error, AlreadyExists) else grpc_code(status_for(error))
+
+
 async def abort_with(context: grpc.aio.ServicerContext, error: Exception | ErrorInfo) -> NoReturn:
     """End the call with ``error``'s status and message (raises, as ``context.abort`` does)."""
     if isinstance(error, ErrorInfo):
         await context.abort(grpc_code(status_for_code(error.code)), error.message)
     if isinstance(error, ANSWERED):
-        await context.abort(grpc_code(status_for(error)), str(error))
+        await context.abort(_code_for(error), str(error))
     log.error("grpc.unhandled", error=f"{type(error).__name__}: {error}", exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
     raise AssertionError("context.abort returned")  # for the type checker: abort always raises

@@ -40,10 +40,15 @@ def parse_grpc_request(request: pb.ModelInferRequest) -> ParsedInfer:
         "id": request.id,
         "parameters": parameters(request.parameters),
         "inputs": inputs,
-        "outputs": [{"name": o.name, "parameters": {**parameters(o.parameters), "binary_data": True}}
-                    for o in request.outputs],
+        "outputs": [_requested_output(o) for o in request.outputs],
     }
     return parse_infer_header(header, memoryview(blob))
+
+
+def _requested_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> dict[str, Any]:
+    """An output's bytes come back raw unless it names a region to be written to."""
+    given = parameters(output.parameters)
+    return {"name": output.name, "parameters": given if _REGION in given else {**given, "binary_data": True}}
 
 
 def _inputs(request: pb.ModelInferRequest) -> tuple[list[dict[str, Any]], bytes]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.errors import FeatureDisabled, InvalidRequest, RegionNotFound
+from gateway.errors import AlreadyExists, FeatureDisabled, InvalidRequest, RegionNotFound
 from gateway.shared_memory.refs import RegionSlice
 
 DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -148,7 +148,7 @@ class SharedMemoryRegions:
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.check_enabled()
         if name in self._regions:
-            raise InvalidRequest(f"shared memory region '{name}' already in manager")
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
         if byte_size == 0:
             raise InvalidRequest(f"failed to register shared memory region '{name}': invalid args "
                                  f"(a byte_size of 0 holds nothing)")
