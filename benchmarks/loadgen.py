@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -61,9 +61,15 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class _Window:
+class Window:
+    """When the measured part of a load runs, in ``perf_counter`` time."""
+
     start: float
     end: float
+
+
+# One closed-loop client: sends, waits, records into the result, until the window ends.
+Client = Callable[[Window, LoadResult], Awaitable[None]]
 
 
 def infer_request(host: str, port: int, model: str, tensor: TensorSpec) -> bytes:
@@ -143,7 +149,7 @@ async def probe(target: Target) -> dict[str, Any]:
     return json.loads(reply.body[:reply.header_length])
 
 
-async def _worker(target: Target, window: _Window, result: LoadResult) -> None:
+async def _worker(target: Target, window: Window, result: LoadResult) -> None:
     reader, writer = await asyncio.open_connection(target.host, target.port)
     try:
         while (start := perf_counter()) < window.end:
@@ -170,10 +176,15 @@ async def _worker(target: Target, window: _Window, result: LoadResult) -> None:
 
 async def run_load(target: Target, spec: LoadSpec) -> LoadResult:
     """Closed loop: ``spec.concurrency`` workers, each sending its next request when the last returns."""
+    return await run_clients(lambda window, result: _worker(target, window, result), spec)
+
+
+async def run_clients(client: Client, spec: LoadSpec) -> LoadResult:
+    """``spec.concurrency`` copies of ``client`` at once, all measured in one window."""
     result = LoadResult()
     now = perf_counter()
-    window = _Window(now + spec.warmup_s, now + spec.warmup_s + spec.duration_s)
-    tasks = [asyncio.create_task(_worker(target, window, result)) for _ in range(spec.concurrency)]
+    window = Window(now + spec.warmup_s, now + spec.warmup_s + spec.duration_s)
+    tasks = [asyncio.create_task(client(window, result)) for _ in range(spec.concurrency)]
     done, pending = await asyncio.wait(tasks, timeout=spec.warmup_s + spec.duration_s + spec.grace_s)
     for task in pending:
         task.cancel()
