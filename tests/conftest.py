@@ -1,8 +1,14 @@
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests.redis_server import RedisServer
+
+# A coroutine never awaited fails the test where the garbage collector finds it (warnings are
+# errors), often far from where it was made; recording each coroutine's origin (as asyncio's
+# debug mode does) makes that warning name the lines that created it.
+sys.set_coroutine_origin_tracking_depth(12)
 
 
 @pytest.fixture(scope="session")

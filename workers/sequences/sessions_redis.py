@@ -12,6 +12,11 @@ Keys (names in ``broker.channels``):
 - ``<session channel>.adopter``: the live worker serving a dead worker's
   session channel, a lease refreshed every maintenance round.
 
+A worker counts as dead once its heartbeat has been missing for ``orphan_grace_s``
+(a heartbeat can lapse for a moment on a starved host; two workers reading one
+session channel would split a sequence's steps between them), and an adopter
+gives the channel back as soon as its owner heartbeats again.
+
 A step that reaches a worker on a model's shared request channel is handled
 there if it starts a sequence (the worker becomes its home) or if its
 sequence is unknown (the sequence batcher then explains why), and is
@@ -23,6 +28,7 @@ checkpoint, or answering "session lost" where there is none.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import msgpack
@@ -41,11 +47,13 @@ log = structlog.get_logger("ferry.sessions")
 LiveWorkers = Callable[[], Awaitable[set[str]]]
 SCAN_BATCH = 256
 MIN_KEY_TTL_S = 60.0
+ORPHAN_GRACE_S = 2.0
 
 
 class RedisSessions:
     def __init__(self, url: str, worker_id: str, live_workers: LiveWorkers, lease_s: float = 5.0,
-                 prefix: str = channels.PREFIX, forwarding: bool = True) -> None:
+                 prefix: str = channels.PREFIX, forwarding: bool = True,
+                 orphan_grace_s: float = ORPHAN_GRACE_S) -> None:
         """``forwarding=False`` keeps only the state store, for a broker that
         routes sequences itself (Kafka's partition key)."""
         self._forwarding = forwarding
@@ -55,6 +63,8 @@ class RedisSessions:
         self._lease_ms = max(1, round(lease_s * 1000))
         self._prefix = prefix
         self._adopted: dict[str, set[str]] = {}
+        self._orphan_grace_s = orphan_grace_s
+        self._missing_since: dict[str, float] = {}  # channel -> when its owner was first seen gone
 
     def channels(self, model: str) -> tuple[str, ...]:
         if not self._forwarding:
@@ -91,14 +101,21 @@ class RedisSessions:
             return {}
         live = await self._live_workers()
         adopted: dict[str, list[str]] = {}
+        orphans: set[str] = set()
         for model in models:
-            await self._renew(model)
+            await self._renew(model, live)
             for channel in await self._orphans(model, live):
-                if await self._adopt(channel):
+                orphans.add(channel)
+                if self._gone_long_enough(channel) and await self._adopt(channel):
                     self._adopted.setdefault(model, set()).add(channel)
                     adopted.setdefault(model, []).append(channel)
                     log.info("sessions.adopted", model=model, channel=channel, worker_id=self._worker_id)
+        self._missing_since = {c: t for c, t in self._missing_since.items() if c in orphans}
         return adopted
+
+    def _gone_long_enough(self, channel: str) -> bool:
+        now = time.monotonic()
+        return now - self._missing_since.setdefault(channel, now) >= self._orphan_grace_s
 
     async def aclose(self) -> None:
         with translated(REDIS_ERRORS, "redis"):
@@ -106,13 +123,19 @@ class RedisSessions:
                 await self._redis.delete(channels.adopter_key(channel))
         await self._redis.aclose()
 
-    async def _renew(self, model: str) -> None:
+    async def _renew(self, model: str, live: set[str]) -> None:
         with translated(REDIS_ERRORS, "redis"):
             for channel in list(self._adopted.get(model, ())):
                 key = channels.adopter_key(channel)
                 holder = await self._redis.get(key)
                 if holder is not None and _text(holder) != self._worker_id:
                     self._adopted[model].discard(channel)  # our lease lapsed and another took it
+                    continue
+                if channels.session_channel_owner(channel, model, self._prefix) in live:
+                    # Its owner was only late: it reads its channel again, so we stop.
+                    self._adopted[model].discard(channel)
+                    await self._redis.delete(key)
+                    log.info("sessions.returned", model=model, channel=channel, worker_id=self._worker_id)
                     continue
                 await self._redis.set(key, self._worker_id, px=self._lease_ms)
 

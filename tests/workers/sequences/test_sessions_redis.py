@@ -4,6 +4,7 @@ only while they are still its own."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -70,3 +71,38 @@ async def test_a_worker_forgets_only_the_sequences_it_still_holds(sessions, tmp_
     assert home == channels.session_channel("accumulator", "w2").encode()
     await new.drop(9)
     assert await new.load(9) is None
+
+
+async def test_a_session_channel_is_adopted_only_after_its_owner_stayed_gone_and_given_back_when_it_returns(
+    redis_url: str,
+) -> None:
+    flushdb(redis_url)
+    live = {"w1", "w2"}
+
+    async def live_workers() -> set[str]:
+        return set(live)
+
+    orphaned = channels.session_channel("accumulator", "w2")
+    async with aioredis.Redis.from_url(redis_url) as client:
+        await client.xadd(orphaned, {"d": b"step"})
+    sessions = RedisSessions(redis_url, "w1", live_workers, orphan_grace_s=0.3)
+    try:
+        assert await sessions.maintain(["accumulator"]) == {}
+        live.discard("w2")  # its heartbeat lapses...
+        assert await sessions.maintain(["accumulator"]) == {}  # ...not for long enough yet
+        live.add("w2")
+        await asyncio.sleep(0.4)
+        assert await sessions.maintain(["accumulator"]) == {}  # it came back: the wait starts over
+        live.discard("w2")
+        assert await sessions.maintain(["accumulator"]) == {}
+        await asyncio.sleep(0.4)
+        assert await sessions.maintain(["accumulator"]) == {"accumulator": [orphaned]}
+        assert orphaned in sessions.channels("accumulator")
+        live.add("w2")  # only late after all: w1 stops reading its channel
+        assert await sessions.maintain(["accumulator"]) == {}
+        assert sessions.channels("accumulator") == (channels.session_channel("accumulator", "w1"),)
+        async with aioredis.Redis.from_url(redis_url) as client:
+            assert not await client.exists(channels.adopter_key(orphaned))
+    finally:
+        await sessions.aclose()
+        flushdb(redis_url)
