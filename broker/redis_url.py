@@ -108,7 +108,7 @@ def async_client(url: str, *, max_connections: int | None = None, pool_timeout_s
         pool = aioredis.BlockingConnectionPool.from_url(
             url, protocol=2, max_connections=max_connections, timeout=pool_timeout_s, **options)
         return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-    extra = {"max_connections": max_connections} if max_connections is not None else {}
+    extra: dict[str, Any] = {"max_connections": max_connections} if max_connections is not None else {}
     return aioredis.RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes], protocol=2,
         username=target.username, password=target.password, ssl=target.tls, **extra, **options)
@@ -120,5 +120,6 @@ def sync_client(url: str, **options: Any) -> SyncRedis:
     if not target.cluster:
         return redis.Redis.from_url(url, protocol=2, **options)
     return redis.RedisCluster(
-        startup_nodes=[SyncClusterNode(host, port) for host, port in target.nodes], protocol=2,
+        startup_nodes=[SyncClusterNode(host, port) for host, port in target.nodes],  # type: ignore[no-untyped-call]
+        protocol=2,
         username=target.username, password=target.password, ssl=target.tls, **options)
