@@ -29,15 +29,15 @@ install-test:
 models:
 	$(PYTHON) model_repo/convert_minilm.py
 
-# redis-server and kcat for the broker tests, java 17 and Maven for the Kafka broker the tests
-# assemble from Maven Central, espeak-ng to speak the speech tests' sentences; skipped when
+# redis-server (and redis-cli, which joins the test Redis Cluster) and kcat for the broker tests,
+# java 17 and Maven for the Kafka broker the tests assemble from Maven Central, espeak-ng to speak the speech tests' sentences; skipped when
 # already present. chromium is the headless browser the dashboard test drives.
 system-packages:
-	@if ! command -v redis-server >/dev/null || ! command -v kcat >/dev/null \
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v kcat >/dev/null \
 			|| ! command -v java >/dev/null || ! command -v mvn >/dev/null \
 			|| ! command -v espeak-ng >/dev/null || ! command -v chromium >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			redis-server kcat openjdk-17-jre-headless maven espeak-ng chromium; \
+			redis-server redis-tools kcat openjdk-17-jre-headless maven espeak-ng chromium; \
 	fi
 	@# The deployment tests' validators: docker-compose (v1) runs `config` on compose.yaml, promtool
 	@# (Debian's prometheus) checks Prometheus' config and the Grafana queries, npm fetches KEDA's schemas.

@@ -24,9 +24,11 @@ import redis
 
 from benchmarks.server import HOST, ServerError, free_port, log_tail, spawn_ferry, stop_process, wait_ready
 from broker import channels
+from broker.redis_url import sync_client
 from broker.transports.kafka_api import KafkaAdminClient
 from broker.transports.kafka_settings import KafkaSettings
 from tests.kafka_server import KafkaServer
+from tests.redis_cluster import RedisCluster, flush_cluster
 from tests.redis_server import RedisServer, flushdb
 from workers.heartbeat import decode_heartbeat
 
@@ -35,7 +37,7 @@ READY_TIMEOUT_S = 90.0
 
 @dataclass(frozen=True, slots=True)
 class Broker:
-    kind: str  # "redis" or "kafka"
+    kind: str  # "redis", "redis-cluster" or "kafka"
     url: str
     pid: int
 
@@ -58,6 +60,15 @@ def redis_server() -> Iterator[Broker]:
 
 
 @contextlib.contextmanager
+def redis_cluster() -> Iterator[Broker]:
+    """Three masters with a replica each; the pid is the first node's (the broker's CPU is not split)."""
+    with RedisCluster() as cluster:
+        with sync_client(cluster.url) as client:
+            pid = int(client.info("server", target_nodes=client.get_default_node())["process_id"])
+        yield Broker("redis-cluster", cluster.url, pid)
+
+
+@contextlib.contextmanager
 def kafka_server() -> Iterator[Broker]:
     """A single-node Kafka; request topics get ferry's default of 4 partitions."""
     with KafkaServer() as server:
@@ -69,7 +80,10 @@ def fresh_url(broker: Broker) -> str:
     emptied of every stream, group and heartbeat; on Kafka, topics and groups of its own."""
     if broker.kind == "kafka":
         return f"{broker.url}?namespace=bench-{uuid.uuid4().hex[:8]}."
-    flushdb(broker.url)
+    if broker.kind == "redis-cluster":
+        flush_cluster(broker.url)
+    else:
+        flushdb(broker.url)
     return broker.url
 
 
@@ -112,7 +126,7 @@ def serving_workers(broker_url: str, model: str) -> int:
     if broker_url.startswith("kafka://"):
         return sum(1 for held in partitions_by_member(broker_url, model) if held)
     count = 0
-    with redis.Redis.from_url(broker_url) as client:
+    with sync_client(broker_url) as client:
         for key in client.scan_iter(match=channels.heartbeat_pattern()):
             raw = client.get(key)
             beat = decode_heartbeat(raw) if raw is not None else None
@@ -140,7 +154,7 @@ def held_by_worker(broker_url: str, model: str) -> list[int]:
     if broker_url.startswith("kafka://"):
         return partitions_by_member(broker_url, model)
     channel, group = channels.request_channel(model), channels.worker_group(model)
-    with redis.Redis.from_url(broker_url) as client:
+    with sync_client(broker_url) as client:
         consumers = client.xinfo_consumers(channel, group)
     return sorted((int(consumer["pending"]) for consumer in consumers), reverse=True)
 

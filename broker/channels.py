@@ -1,10 +1,15 @@
 """Every channel and group name ferry uses, in one place.
 
 Request channels follow the Kafka-friendly ``ferry.<model>.requests`` form so
-one name works on every transport.
+one name works on every transport. On Redis a channel is the stream of the same
+name, but for a model's priority levels (``redis_key``): a Redis Cluster keeps
+those on one slot, so that one XREADGROUP reads them all. Keys only Redis holds
+carry their hash tags in their names.
 """
 
 from __future__ import annotations
+
+import re
 
 PREFIX = "ferry"
 
@@ -21,6 +26,18 @@ def request_channels(model: str, levels: int, prefix: str = PREFIX) -> tuple[str
     if levels <= 0:
         return (request_channel(model, prefix),)
     return tuple(request_channel(model, prefix, level) for level in range(1, levels + 1))
+
+
+_LEVEL = re.compile(r"(.+\.requests)\.(p[0-9]+)")
+
+
+def redis_key(channel: str) -> str:
+    """The Redis stream that holds ``channel``: the channel's own name, except that a priority
+    level's stream is ``{ferry.<model>.requests}.p<level>``. Redis Cluster hashes a key with a
+    ``{tag}`` by its tag alone, so every level of a model lands on one slot (Kafka topic names
+    cannot hold braces, so the channel keeps the plain name)."""
+    level = _LEVEL.fullmatch(channel)
+    return f"{{{level[1]}}}.{level[2]}" if level else channel
 
 
 def worker_group(model: str, prefix: str = PREFIX) -> str:
@@ -67,17 +84,23 @@ def job_key(job_id: str, prefix: str = PREFIX) -> str:
 
 
 def session_channel(model: str, worker_id: str, prefix: str = PREFIX) -> str:
-    """A worker's own stream for the sequences it holds (Redis fleets)."""
-    return f"{prefix}.{model}.sessions.{worker_id}"
+    """A worker's own stream for the sequences it holds (Redis fleets only), read in one
+    XREADGROUP with the model's request channels: hash-tagged by the model's request
+    channel, so that a Redis Cluster keeps it on their slot."""
+    return f"{_session_head(model, prefix)}{worker_id}"
+
+
+def _session_head(model: str, prefix: str) -> str:
+    return f"{{{request_channel(model, prefix)}}}.sessions."
 
 
 def session_channel_pattern(model: str, prefix: str = PREFIX) -> str:
-    return f"{prefix}.{model}.sessions.*"
+    return f"{_session_head(model, prefix)}*"
 
 
 def session_channel_owner(channel: str, model: str, prefix: str = PREFIX) -> str | None:
     """The worker id in a session channel's name, or None for another channel."""
-    head = f"{prefix}.{model}.sessions."
+    head = _session_head(model, prefix)
     return channel[len(head):] if channel.startswith(head) and len(channel) > len(head) else None
 
 
@@ -87,8 +110,9 @@ def adopter_key(channel: str) -> str:
 
 
 def _sequence_tag(sequence_id: int | str) -> str:
-    # 7 and "7" are different sequences.
-    return f"i{sequence_id}" if isinstance(sequence_id, int) else f"s{sequence_id}"
+    # 7 and "7" are different sequences. In braces: a Redis Cluster keeps a sequence's session
+    # and state keys on one slot, which the script that drops both needs.
+    return f"{{i{sequence_id}}}" if isinstance(sequence_id, int) else f"{{s{sequence_id}}}"
 
 
 def session_key(model: str, sequence_id: int | str, prefix: str = PREFIX) -> str:

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-import redis.asyncio as aioredis
 
 from broker import channels
+from broker.redis_url import async_client
 
 SAMPLE_RATE = 16_000
 CHUNK_READ = 64
@@ -69,7 +69,7 @@ class SpeechSession:
         self.model = model
         # No socket timeout: reads block server-side for up to their own timeout
         # (30 s), past redis-py 8's default of 5 s.
-        self._redis = aioredis.Redis.from_url(redis_url, protocol=2, socket_timeout=None)
+        self._redis = async_client(redis_url, socket_timeout=None)
         self._request_channel = channels.request_channel(model, prefix)
         self.reply_channel = f"{prefix}.speech.replies.{self.session_id}"
         self._channel: str | None = None

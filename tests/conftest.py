@@ -27,6 +27,28 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A real Redis Cluster (three masters, a replica each) for the whole session, started
+    only when a test asks for it; tests empty it themselves (``flush_cluster``)."""
+    from tests.redis_cluster import RedisCluster
+
+    try:
+        cluster = RedisCluster()
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc}: run `make system-packages` (the Debian packages redis-server and redis-tools)")
+    with cluster:
+        yield cluster.url
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def fleet_redis_url(request: pytest.FixtureRequest) -> str:
+    """An emptied Redis for a fleet: the session's redis-server, then its Redis Cluster."""
+    from tests.brokers import emptied_redis
+
+    return emptied_redis(request, request.param)
+
+
+@pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A real single-node Kafka broker for the whole session, started only when a test asks for it.
 

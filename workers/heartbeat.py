@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
-import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from broker import channels
 from broker.errors import TransportError, translated
+from broker.redis_url import REDIS_ERRORS, async_client
 from workers.telemetry.wire import WorkerStats, parse_stats
 
 log = structlog.get_logger("ferry.heartbeat")
@@ -138,28 +137,32 @@ def decode_beat(raw: bytes) -> Beat | None:
 
 class RedisHeartbeats:
     def __init__(self, url: str, prefix: str = channels.PREFIX) -> None:
-        self._redis = aioredis.Redis.from_url(url, protocol=2)
+        self._redis = async_client(url)
         self._prefix = prefix
 
     async def beat(self, worker_id: str, models: ServedModels, ttl_s: float,
                    stats: WorkerStats | None = None) -> None:
         raw = encode_heartbeat(worker_id, models, time.time_ns(), stats=stats)
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             await self._redis.set(channels.heartbeat_key(worker_id, self._prefix), raw,
                                   px=max(1, round(ttl_s * 1000)))
 
     async def remove(self, worker_id: str) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             await self._redis.delete(channels.heartbeat_key(worker_id, self._prefix))
 
     async def live(self) -> dict[str, ServedModels]:
         return {worker: beat.models for worker, beat in (await self.beats()).items()}
 
     async def beats(self) -> dict[str, Beat]:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             keys = [key async for key in self._redis.scan_iter(
                 match=channels.heartbeat_pattern(self._prefix), count=SCAN_BATCH)]
-            values = await self._redis.mget(keys) if keys else []
+            # One GET each in one pipeline: in a Redis Cluster the keys live on different slots.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.get(key)
+                values = await pipe.execute() if keys else []
         found = (decode_beat(raw) for raw in values if isinstance(raw, bytes))
         return {beat.worker: beat for beat in found if beat is not None}
 

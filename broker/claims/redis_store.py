@@ -10,12 +10,11 @@ import re
 import uuid
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from broker import channels
 from broker.claims.store import claim_id, process_tag
 from broker.errors import ClaimMissing, translated
+from broker.redis_url import REDIS_ERRORS, async_client
 
 
 _ID = re.compile(r"[0-9a-f]{32}")
@@ -25,7 +24,7 @@ class RedisClaims:
     scheme = "redis"
 
     def __init__(self, url: str, prefix: str = channels.PREFIX) -> None:
-        self._redis = aioredis.Redis.from_url(url, protocol=2)
+        self._redis = async_client(url)
         self._prefix = prefix
         self.owner = process_tag()
 
@@ -42,7 +41,7 @@ class RedisClaims:
         """``owner`` is not kept: every blob has a TTL, and Redis does not know which processes live."""
         claims = [f"{self.scheme}:{uuid.uuid4().hex}" for _ in blobs]
         ttl_ms = max(1, int(ttl_s * 1000))
-        with translated(RedisError, "redis claims"):
+        with translated(REDIS_ERRORS, "redis claims"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for claim, blob in zip(claims, blobs):
                     pipe.set(self._key(claim), blob, px=ttl_ms)
@@ -51,7 +50,7 @@ class RedisClaims:
 
     async def get(self, claims: Sequence[str], delete: bool = False) -> list[bytes]:
         keys = [self._key(claim) for claim in claims]
-        with translated(RedisError, "redis claims"):
+        with translated(REDIS_ERRORS, "redis claims"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in keys:
                     if delete:
@@ -68,7 +67,7 @@ class RedisClaims:
         if not claims:
             return
         keys = [self._key(claim) for claim in claims]
-        with translated(RedisError, "redis claims"):
+        with translated(REDIS_ERRORS, "redis claims"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in keys:  # one DEL per key: in a Redis Cluster they live on different slots
                     pipe.delete(key)

@@ -52,7 +52,7 @@ from typing import Any
 
 import structlog
 
-from broker.errors import MessageTooLarge
+from broker.errors import MessageTooLarge, TransportError
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
 from broker.transports.kafka_api import (
@@ -271,7 +271,8 @@ class KafkaTransport(BaseTransport):
             settings = self._settings
             self._check_reachable()
             self._producer = KafkaProducer(
-                bootstrap_servers=list(settings.bootstrap), acks="all", linger_ms=2, compression_type=None,
+                bootstrap_servers=list(settings.bootstrap), acks="all", enable_idempotence=True, linger_ms=2,
+                compression_type=None,
                 max_request_size=settings.max_message_bytes + (1 << 20),
                 max_block_ms=settings.request_timeout_ms,
                 request_timeout_ms=settings.request_timeout_ms, bootstrap_timeout_ms=settings.request_timeout_ms,
@@ -301,10 +302,16 @@ class KafkaTransport(BaseTransport):
         with self._admin_lock:
             admin = self._admin_client()
             brokers = len(admin.describe_cluster()["brokers"])
+            replicas = settings.replication_factor or min(MAX_REPLICATION, max(1, brokers))
+            if replicas > brokers:
+                raise TransportError(f"kafka: replication_factor={replicas} for topic '{topic}', but the cluster "
+                                     f"has {brokers} broker(s)")
+            in_sync = settings.min_insync_replicas or max(1, replicas - 1)
             spec = {
                 "num_partitions": settings.partitions,
-                "replication_factor": min(MAX_REPLICATION, max(1, brokers)),
-                "configs": {"max.message.bytes": str(settings.max_message_bytes + (1 << 20))},
+                "replication_factor": replicas,
+                "configs": {"max.message.bytes": str(settings.max_message_bytes + (1 << 20)),
+                            "min.insync.replicas": str(in_sync)},
             }
             try:
                 admin.create_topics({topic: spec}, wait_for_metadata=True)

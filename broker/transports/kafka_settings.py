@@ -27,6 +27,12 @@ Why these defaults (they exist to keep groups stable under slow models):
   ``max_partition_fetch_bytes`` stays small (8 MiB): the broker returns at
   least one whole batch however large, so big messages still get through,
   while small ones do not pile up tens of MiB per partition.
+- ``replication_factor`` (0: 3, or as many brokers as the cluster has when
+  fewer) and ``min_insync_replicas`` (0: one less than the replication
+  factor, at least 1) are given to the topics ferry creates. The producer
+  sends with ``acks=all`` and idempotence, so a record it was told is
+  written is on ``min_insync_replicas`` brokers, once: one broker may die
+  with nothing acknowledged lost.
 - ``max_poll_records`` bounds one poll's hand-over, and so how far past
   ``buffer_records``/``buffer_bytes`` the buffer may overshoot before the
   thread pauses fetching.
@@ -63,6 +69,9 @@ class KafkaSettings:
     catch_up_timeout_s: float = 15.0
     # How long a publish or an admin call waits for a broker before failing.
     request_timeout_ms: int = 10_000
+    # Of the topics ferry creates; 0: chosen from the cluster's size (see above).
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> KafkaSettings:

@@ -1,6 +1,8 @@
-"""The Redis Streams transport.
+"""The Redis Streams transport, on one server or a Redis Cluster (``broker.redis_url``).
 
-Each channel is a stream whose key is the channel name; each message is one
+Each channel is a stream whose key is the channel's name (``channels.redis_key``:
+a model's priority levels share one hash tag, so a cluster keeps them on one
+slot and one XREADGROUP reads them all); each message is one
 entry holding the payload in a single field. Groups are Redis consumer
 groups, created at id ``0`` on a group's first fetch so that messages
 published before the group existed are still delivered to it, as the memory
@@ -22,10 +24,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.asyncio import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
 
+from broker.channels import redis_key
 from broker.errors import TransportClosed
+from broker.redis_url import REDIS_ERRORS, async_client
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
 
@@ -59,6 +64,8 @@ for _, flat in ipairs(groups) do
 end
 return redis.call('XTRIM', KEYS[1], 'MINID', floor)
 """
+# How often a fetch over channels on several slots of a Redis Cluster looks at them again.
+CROSS_SLOT_POLL_S = 0.05
 # XAUTOCLAIM scans a bounded number of pending entries per call; a sweep stops
 # after this many calls even if the cursor has not come round.
 MAX_CLAIM_ROUNDS = 100
@@ -66,21 +73,20 @@ MAX_CLAIM_ROUNDS = 100
 
 class RedisTransport(BaseTransport):
     service = "redis"
-    foreign_errors = (RedisError,)
+    foreign_errors = REDIS_ERRORS
 
     def __init__(self, url: str) -> None:
         super().__init__()
         # A pool of our own: each concurrent command takes its own connection,
         # so a fetch blocked in XREADGROUP never holds up a publish.
         # RESP2 pins the reply shapes parsed below.
-        # The pool is bounded but blocking: past MAX_CONNECTIONS a command
-        # waits for a free connection instead of failing.
+        # On one server the pool is bounded but blocking: past MAX_CONNECTIONS a command
+        # waits for a free connection instead of failing (a cluster keeps as many per node).
         # No socket timeout (redis-py 8 defaults to 5 s): a fetch blocks
         # server-side for as long as its caller asks.
-        self._pool: aioredis.ConnectionPool = aioredis.BlockingConnectionPool.from_url(
-            url, protocol=2, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S, socket_timeout=None
-        )
-        self._redis = aioredis.Redis(connection_pool=self._pool)
+        self._redis = async_client(url, max_connections=MAX_CONNECTIONS, pool_timeout_s=POOL_TIMEOUT_S,
+                                   socket_timeout=None)
+        self._cluster = isinstance(self._redis, RedisCluster)
         self._groups: set[tuple[str, str]] = set()
         self._reads: set[asyncio.Task[Any]] = set()
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
@@ -90,7 +96,7 @@ class RedisTransport(BaseTransport):
         fields: dict[bytes, bytes] = {HEADER_PREFIX + name.encode(): bytes(value) for name, value in headers}
         fields[PAYLOAD_FIELD] = bytes(payload)
         with self._guarded():
-            message_id = await self._redis.xadd(channel, fields)  # type: ignore[arg-type]
+            message_id = await self._redis.xadd(redis_key(channel), fields)  # type: ignore[arg-type]
         return _text(message_id)
 
     async def fetch_first(
@@ -101,33 +107,45 @@ class RedisTransport(BaseTransport):
                 await self._ensure_group(channel, group)
             # With several channels, look at each in order without waiting, so
             # an earlier one is drained before a later one is read at all.
-            if len(channels) > 1:
-                for channel in channels:
-                    reply = await self._read_group((channel,), group, consumer, max_count, 0)
-                    if reply:
-                        return self._deliveries(reply, group, consumer)
-            reply = await self._read_group(channels, group, consumer, max_count, timeout_s)
-        return self._deliveries(reply, group, consumer)
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while True:
+                if len(channels) > 1:
+                    for channel in channels:
+                        reply = await self._read_group((channel,), group, consumer, max_count, 0)
+                        if reply:
+                            return self._deliveries(reply, channels, group, consumer)
+                if not self._across_slots(channels):
+                    reply = await self._read_group(channels, group, consumer, max_count, timeout_s)
+                    return self._deliveries(reply, channels, group, consumer)
+                # A Redis Cluster blocks one XREADGROUP on one slot only; channels on several
+                # (ferry's own are not: see channels.redis_key) are looked at again shortly.
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    return []
+                await asyncio.sleep(min(CROSS_SLOT_POLL_S, left))
+
+    def _across_slots(self, channels: Sequence[str]) -> bool:
+        return self._cluster and len({key_slot(redis_key(channel).encode()) for channel in channels}) > 1
 
     async def ack(self, delivery: Delivery) -> None:
         with self._guarded():
-            await self._redis.xack(delivery.channel, delivery.group, delivery.message_id)
+            await self._redis.xack(redis_key(delivery.channel), delivery.group, delivery.message_id)
 
     async def trim(self, channel: str) -> int:
         with self._guarded():
-            return int(await self._trim_acked(keys=[channel]))
+            return int(await self._trim_acked(keys=[redis_key(channel)]))
 
     async def cap(self, channel: str, max_count: int) -> int:
         with self._guarded():
             # Exact, not MAXLEN ~: an approximate trim keeps up to a whole radix
             # node (100 entries) more, and a capped stream is small anyway.
-            return int(await self._redis.xtrim(channel, maxlen=max(0, max_count), approximate=False))
+            return int(await self._redis.xtrim(redis_key(channel), maxlen=max(0, max_count), approximate=False))
 
     async def release(self, delivery: Delivery) -> None:
         """Make an unacked delivery claimable at once, keeping its delivery count."""
         with self._guarded():
             await self._redis.xclaim(
-                delivery.channel, delivery.group, delivery.consumer or "released", 0, [delivery.message_id],
+                redis_key(delivery.channel), delivery.group, delivery.consumer or "released", 0, [delivery.message_id],
                 idle=RELEASED_IDLE_MS, retrycount=delivery.attempts, justid=True,
             )
 
@@ -155,14 +173,14 @@ class RedisTransport(BaseTransport):
         """(messages not yet delivered, delivered but not acked) for a group."""
         with self._guarded():
             try:
-                groups = await self._redis.xinfo_groups(channel)
+                groups = await self._redis.xinfo_groups(redis_key(channel))
             except ResponseError as exc:
                 if "no such key" in str(exc).lower():
                     return 0, 0
                 raise
             info = next((g for g in groups if _text(g["name"]) == group), None)
             if info is None:
-                return int(await self._redis.xlen(channel)), 0
+                return int(await self._redis.xlen(redis_key(channel))), 0
             return await self._lag(channel, info), int(info["pending"])
 
     async def _shut_down(self) -> None:
@@ -176,13 +194,12 @@ class RedisTransport(BaseTransport):
         # retried by redis-py on a fresh connection that nothing closes.
         await self._settle(SETTLE_S)
         await self._redis.aclose()
-        await self._pool.aclose()
 
     async def _ensure_group(self, channel: str, group: str) -> None:
         if (channel, group) in self._groups:
             return
         try:
-            await self._redis.xgroup_create(channel, group, id="0", mkstream=True)
+            await self._redis.xgroup_create(redis_key(channel), group, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -211,7 +228,7 @@ class RedisTransport(BaseTransport):
         # it knew of, and a read started now would outlive the transport, perhaps never to run at all.
         self._check_open()
         read = asyncio.ensure_future(self._redis.xreadgroup(
-            group, consumer, {channel: ">" for channel in channels}, count=max_count, block=block
+            group, consumer, {redis_key(channel): ">" for channel in channels}, count=max_count, block=block
         ))
         self._reads.add(read)
         current = asyncio.current_task()
@@ -236,9 +253,10 @@ class RedisTransport(BaseTransport):
         return list(reply or [])
 
     @staticmethod
-    def _deliveries(reply: list[Any], group: str, consumer: str) -> list[Delivery]:
+    def _deliveries(reply: list[Any], channels: Sequence[str], group: str, consumer: str) -> list[Delivery]:
+        by_key = {redis_key(channel): channel for channel in channels}
         return [
-            Delivery(_text(stream), group, _text(message_id), _payload(fields), 1, _headers(fields), consumer)
+            Delivery(by_key[_text(stream)], group, _text(message_id), _payload(fields), 1, _headers(fields), consumer)
             for stream, entries in reply
             for message_id, fields in entries
         ]
@@ -253,7 +271,7 @@ class RedisTransport(BaseTransport):
             if len(claimed) >= max_count:
                 break
             reply = await self._redis.xautoclaim(
-                channel, group, consumer, min_idle_ms, start_id=cursor, count=max_count - len(claimed)
+                redis_key(channel), group, consumer, min_idle_ms, start_id=cursor, count=max_count - len(claimed)
             )
             cursor, entries = reply[0], reply[1]
             # Entries deleted from the stream come back without fields; skip them.
@@ -267,7 +285,7 @@ class RedisTransport(BaseTransport):
             return {}
         async with self._redis.pipeline(transaction=False) as pipe:
             for mid in ids:
-                pipe.xpending_range(channel, group, min=mid, max=mid, count=1)
+                pipe.xpending_range(redis_key(channel), group, min=mid, max=mid, count=1)
             replies = await pipe.execute()
         return {
             _text(row["message_id"]): int(row["times_delivered"]) for rows in replies for row in rows
@@ -279,7 +297,7 @@ class RedisTransport(BaseTransport):
             return int(lag)
         # Redis cannot always count the lag (after deletions); count it by hand.
         last = _text(info["last-delivered-id"])
-        entries = await self._redis.xrange(channel, min=f"({last}", max="+")
+        entries = await self._redis.xrange(redis_key(channel), min=f"({last}", max="+")
         return len(entries or [])
 
 

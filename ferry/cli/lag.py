@@ -15,6 +15,7 @@ import orjson
 
 from broker import channels
 from broker.errors import BrokerError
+from broker.redis_url import is_redis_url
 from broker.transports import open_transport
 from gateway.backlog import QueueBacklog, index_models, read_backlog
 from workers.repository.layout import ModelRepository, RepositoryIndex
@@ -28,7 +29,8 @@ class LagError(Exception):
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     lag = commands.add_parser("lag", help="print each model's queue lag and pending count (what KEDA sees)")
-    lag.add_argument("--broker", required=True, help="the fleet's broker: redis://HOST:PORT/DB or kafka://HOST:PORT")
+    lag.add_argument("--broker", required=True, help="the fleet's broker: redis://HOST:PORT/DB, "
+                     "redis+cluster://HOST:PORT[,HOST:PORT...] or kafka://HOST:PORT")
     lag.add_argument("--model-repository", type=Path, required=True,
                      help="where model names and priority levels come from")
     lag.add_argument("--model", action="append", default=[], metavar="NAME",
@@ -41,8 +43,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
-        if urlsplit(args.broker).scheme not in ("redis", "kafka"):
-            raise LagError(f"--broker {args.broker}: expected redis://HOST:PORT/DB or kafka://HOST:PORT")
+        if not is_redis_url(args.broker) and urlsplit(args.broker).scheme != "kafka":
+            raise LagError(f"--broker {args.broker}: expected redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,...] "
+                           "or kafka://HOST:PORT")
         index = ModelRepository(args.model_repository).scan()
         models = chosen_models(index, args.model, args.model_repository)
         rows = asyncio.run(_read(args.broker, models, args.channel_prefix))

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import uvloop
 
+from broker.redis_url import is_redis_url
 from ferry.cli import lag, speech
 from ferry.cli.options import common_options, http_options, worker_options
 from ferry.cli.settings import connection_limits, serve_settings, worker_process_settings
@@ -19,7 +20,7 @@ from gateway.http_server import serve
 from gateway.logs import configure_logging
 
 
-SHARED = "redis://HOST:PORT/DB or kafka://HOST:PORT[,HOST:PORT]"
+SHARED = "redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...] or kafka://HOST:PORT[,HOST:PORT]"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"ferry: --model-repository {args.model_repository} is not a directory")
     if args.command == "lag":
         raise SystemExit(lag.run(args))
-    if args.command in ("gateway", "worker") and urlsplit(args.broker).scheme not in ("redis", "kafka"):
+    if args.command in ("gateway", "worker") and not is_redis_url(args.broker) \
+            and urlsplit(args.broker).scheme != "kafka":
         raise SystemExit(f"ferry {args.command}: --broker must be a shared broker ({SHARED})")
     if args.load_model and args.model_control_mode != "explicit":
         raise SystemExit("ferry: --load-model requires --model-control-mode=explicit")

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from broker.claims.check import ClaimSettings
+from broker.redis_url import is_redis_url
 from ferry.wiring.settings import ServeSettings, WorkerProcessSettings
 from gateway.app import HttpSettings
 from gateway.grpc.server import GrpcSettings
@@ -42,7 +43,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         grpc=GrpcSettings(enabled=args.allow_grpc, host=args.host, port=args.grpc_port,
                           shared_port=(args.http_workers or 1) > 1, max_message_bytes=args.max_body_bytes),
         service=ServiceSettings(channel_prefix=args.channel_prefix,
-                                route_sequences=urlsplit(args.broker).scheme == "redis"),
+                                route_sequences=is_redis_url(args.broker)),
         job_ttl_s=args.job_ttl_s,
         job_store_url=args.job_store,
         claim_store_url=args.claim_check_store,
@@ -74,8 +75,9 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
 
 
 def claims(args: argparse.Namespace) -> ClaimSettings:
-    if args.claim_check_store not in ("", "none", "shm") and urlsplit(args.claim_check_store).scheme != "redis":
-        raise SystemExit("ferry: --claim-check-store: expected redis://HOST:PORT/DB, shm or none, "
+    if args.claim_check_store not in ("", "none", "shm") and not is_redis_url(args.claim_check_store):
+        raise SystemExit("ferry: --claim-check-store: expected redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,...], "
+                         "shm or none, "
                          f"got {args.claim_check_store!r}")
     try:
         return ClaimSettings(args.claim_check_bytes, args.claim_check_ttl_s)

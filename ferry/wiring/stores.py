@@ -22,6 +22,7 @@ from broker import channels
 from broker.claims.check import ClaimCheck, Claims, ClaimSettings, NoClaims
 from broker.claims.redis_store import RedisClaims
 from broker.claims.shm_store import ShmClaims
+from broker.redis_url import is_redis_url
 from broker.transport import Transport
 from gateway.jobs import DEFAULT_TTL_S, JobStore, RedisJobStore, open_job_store
 from workers.heartbeat import HeartbeatStore, RedisHeartbeats
@@ -37,7 +38,7 @@ def scheme(url: str) -> str:
 def open_heartbeats(broker_url: str, transport: Transport, reader_id: str = "",
                     prefix: str = channels.PREFIX) -> HeartbeatStore | None:
     """None on the in-memory broker, where there is no one else to tell."""
-    if scheme(broker_url) == "redis":
+    if is_redis_url(broker_url):
         return RedisHeartbeats(broker_url, prefix)
     if scheme(broker_url) == "memory":
         return None
@@ -49,20 +50,20 @@ def open_sessions(broker_url: str, worker_id: str, heartbeats: HeartbeatStore | 
     """Sequences on a Redis broker are routed to their worker through Redis and
     checkpointed there. On Kafka the partition key routes them; a Redis
     ``--session-store`` adds checkpoints. Elsewhere state lives in memory."""
-    url = session_store_url or (broker_url if scheme(broker_url) == "redis" else "")
-    if heartbeats is None or scheme(url) != "redis":
+    url = session_store_url or (broker_url if is_redis_url(broker_url) else "")
+    if heartbeats is None or not is_redis_url(url):
         return LocalSessions()
 
     async def live_workers() -> set[str]:
         return set(await heartbeats.live())
 
-    return RedisSessions(url, worker_id, live_workers, prefix=prefix, forwarding=scheme(broker_url) == "redis")
+    return RedisSessions(url, worker_id, live_workers, prefix=prefix, forwarding=is_redis_url(broker_url))
 
 
 def job_store_url(broker_url: str, configured: str = "") -> str:
     if configured:
         return configured
-    return broker_url if scheme(broker_url) == "redis" else "memory://"
+    return broker_url if is_redis_url(broker_url) else "memory://"
 
 
 def open_jobs_store(broker_url: str, configured: str = "", ttl_s: float = DEFAULT_TTL_S,
@@ -74,7 +75,7 @@ def open_job_gate(broker_url: str, configured: str = "", prefix: str = channels.
     """A worker process's view of the job store; None when jobs live only in a
     gateway's memory, where a separate worker cannot see them."""
     url = job_store_url(broker_url, configured)
-    return RedisJobStore(url, prefix=prefix) if scheme(url) == "redis" else None
+    return RedisJobStore(url, prefix=prefix) if is_redis_url(url) else None
 
 
 def claim_store_url(broker_url: str, configured: str = "", job_store: str = "") -> str:
@@ -82,9 +83,9 @@ def claim_store_url(broker_url: str, configured: str = "", job_store: str = "") 
     Kafka) the job store's Redis; ``none`` (and the in-memory broker) sends every tensor inline."""
     if configured:
         return configured
-    if scheme(broker_url) == "redis":
+    if is_redis_url(broker_url):
         return broker_url
-    if scheme(broker_url) == "kafka" and scheme(job_store) == "redis":
+    if scheme(broker_url) == "kafka" and is_redis_url(job_store):
         return job_store
     return "none"
 
@@ -92,11 +93,12 @@ def claim_store_url(broker_url: str, configured: str = "", job_store: str = "") 
 def open_claims(url: str, settings: ClaimSettings, prefix: str = channels.PREFIX) -> Claims:
     if url == "none" or settings.threshold_bytes == 0:
         return NoClaims()
-    if scheme(url) == "redis":
+    if is_redis_url(url):
         return ClaimCheck(RedisClaims(url, prefix), settings)
     if url == "shm":
         return ClaimCheck(ShmClaims(ttl_s=settings.ttl_s), settings)
-    raise ValueError(f"--claim-check-store: expected redis://HOST:PORT/DB, shm or none, got {url!r}")
+    raise ValueError(f"--claim-check-store: expected redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,...], shm or none, "
+                     f"got {url!r}")
 
 
 def live_workers(heartbeats: HeartbeatStore | None, local_worker: str) -> Callable[[], Awaitable[set[str]]]:

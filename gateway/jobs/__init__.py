@@ -9,9 +9,9 @@
     prefer.py        the RFC 7240 Prefer header
 """
 
-from urllib.parse import urlsplit
 
 from broker import channels
+from broker.redis_url import is_redis_url
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.memory_store import MemoryJobStore
 from gateway.jobs.redis_store import RedisJobStore
@@ -22,7 +22,7 @@ from gateway.jobs.store import DEFAULT_TTL_S, JobStore
 def open_job_store(broker_url: str, ttl_s: float = DEFAULT_TTL_S, prefix: str = channels.PREFIX) -> JobStore:
     """The store that fits a broker: in process for ``memory://``, shared in
     Redis for ``redis://`` (so every gateway on that broker sees every job)."""
-    if urlsplit(broker_url).scheme == "redis":
+    if is_redis_url(broker_url):
         return RedisJobStore(broker_url, ttl_s, prefix)
     return MemoryJobStore(ttl_s)
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from broker import channels
 from broker.errors import translated
+from broker.redis_url import REDIS_ERRORS, async_client
 from gateway.jobs.job import Job, JobStatus, decode_meta, encode_meta
 from gateway.jobs.store import DEFAULT_TTL_S
 
@@ -39,7 +38,7 @@ _UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
 class RedisJobStore:
     def __init__(self, url: str, ttl_s: float = DEFAULT_TTL_S, prefix: str = channels.PREFIX) -> None:
-        self._redis = aioredis.Redis.from_url(url, protocol=2)
+        self._redis = async_client(url)
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._prefix = prefix
         self._script = self._redis.register_script(_MOVE)
@@ -52,14 +51,14 @@ class RedisJobStore:
 
     async def create(self, job: Job) -> None:
         key = channels.job_key(job.id, self._prefix)
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, mapping={"status": job.status.value, "meta": encode_meta(job), "result": job.result})
                 pipe.pexpire(key, self._ttl_ms)
                 await pipe.execute()
 
     async def get(self, job_id: str) -> Job | None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             fields: dict[bytes | str, Any] = await self._redis.hgetall(channels.job_key(job_id, self._prefix))
         if not fields or b"meta" not in fields:
             return None
@@ -77,7 +76,7 @@ class RedisJobStore:
         return await self.get(job_id)
 
     async def discard(self, job_id: str) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             await self._redis.delete(channels.job_key(job_id, self._prefix))
 
     async def aclose(self) -> None:
@@ -85,5 +84,5 @@ class RedisJobStore:
 
     async def _move(self, job_id: str, status: JobStatus, result: bytes, sources: tuple[str, ...]) -> bool:
         key = channels.job_key(job_id, self._prefix)
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             return bool(await self._script(keys=[key], args=[status.value, result, *sources]))

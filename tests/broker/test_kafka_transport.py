@@ -268,3 +268,30 @@ async def test_broker_failures_surface_as_transport_error():
             await unreachable.publish("c", b"x")
         with pytest.raises(TransportError):
             await unreachable.backlog("c", "g")
+
+
+def topic_settings(bootstrap: str, topic: str) -> tuple[int, str]:
+    """A topic's replication factor and ``min.insync.replicas``, as the cluster reports them."""
+    from broker.transports.kafka_api import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
+    try:
+        [described] = admin.describe_topics([topic])
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                         configs=["min.insync.replicas"])])
+    finally:
+        admin.close()
+    return len(described["partitions"][0]["replica_nodes"]), configs["topic"][topic]["min.insync.replicas"]["value"]
+
+
+async def test_topics_are_created_as_replicated_as_the_cluster_allows_and_a_larger_factor_is_refused(
+    kafka_bootstrap: str,
+):
+    chosen = settings(kafka_bootstrap)
+    async with KafkaTransport(chosen) as transport:
+        await transport.publish("c", b"x")
+    assert topic_settings(kafka_bootstrap, f"{chosen.namespace}c") == (1, "1")  # one broker here
+    too_many = settings(kafka_bootstrap, replication_factor=3)
+    async with KafkaTransport(too_many) as transport:
+        with pytest.raises(TransportError, match=r"replication_factor=3 for topic '.*c', but the cluster has 1"):
+            await transport.publish("c", b"x")

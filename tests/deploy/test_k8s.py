@@ -108,24 +108,36 @@ def _holds() -> dict[str, int]:
             for name in repository.scan().names}
 
 
-def test_redis_scaler_reads_each_models_stream_and_worker_group() -> None:
-    scaled = _find("ScaledObject", "ferry-worker", "redis")
+@pytest.mark.parametrize("folder, trigger_type, address", [
+    ("redis", "redis-streams", "addressFromEnv"),
+    ("redis-cluster", "redis-cluster-streams", "addressesFromEnv"),
+])
+def test_redis_scalers_read_each_models_stream_and_worker_group(folder: str, trigger_type: str, address: str) -> None:
+    scaled = _find("ScaledObject", "ferry-worker", folder)
     assert scaled["spec"]["scaleTargetRef"]["name"] == _find("Deployment", "ferry-worker")["metadata"]["name"]
     assert scaled["spec"]["minReplicaCount"] >= 1
+    broker = _find("ConfigMap", "ferry-broker", folder)["data"]
     holds = _holds()
     lag, pending = {}, {}
     for trigger in scaled["spec"]["triggers"]:
-        assert trigger["type"] == "redis-streams"
+        assert trigger["type"] == trigger_type
         meta = trigger["metadata"]
         model = meta["stream"].split(".")[1]
-        assert meta["stream"] == channels.request_channel(model)
+        assert meta["stream"] == channels.redis_key(channels.request_channel(model))
         assert meta["consumerGroup"] == channels.worker_group(model)
-        assert meta["addressFromEnv"] in _find("ConfigMap", "ferry-broker", "redis")["data"]
+        assert meta[address] in broker
         if "lagCount" in meta:
             lag[model] = int(meta["lagCount"])
         else:
             pending[model] = int(meta["pendingEntriesCount"])
     assert lag == holds and pending == holds
+
+
+def test_the_cluster_scaler_reads_the_nodes_ferry_is_pointed_at() -> None:
+    data = _find("ConfigMap", "ferry-broker", "redis-cluster")["data"]
+    nodes = data["FERRY_BROKER"].removeprefix("redis+cluster://")
+    assert data["FERRY_REDIS_ADDRESSES"] == nodes
+    assert data["FERRY_JOB_STORE"] == data["FERRY_SESSION_STORE"] == data["FERRY_BROKER"]
 
 
 def test_kafka_scaler_reads_each_models_topic_and_worker_group() -> None:

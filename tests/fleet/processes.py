@@ -27,9 +27,10 @@ from types import TracebackType
 from typing import Any, Self
 
 import msgpack
-import redis
 
 from broker import channels
+from broker.channels import redis_key
+from broker.redis_url import sync_client
 from broker.transports.redis import PAYLOAD_FIELD
 from tests.servers import free_port
 
@@ -228,11 +229,12 @@ class ProcessFleet:
 
 
 class Fleet(ProcessFleet):
-    """A fleet over Redis, and what it left there."""
+    """A fleet over Redis (one server or a Redis Cluster), and what it left there. Streams are
+    named by channel; ``redis_key`` gives the key a channel is kept at."""
 
     def __init__(self, broker_url: str, repository: Path, log_dir: Path) -> None:
         super().__init__(broker_url, repository, log_dir)
-        self.redis = redis.Redis.from_url(broker_url)
+        self.redis = sync_client(broker_url)
 
     def close(self) -> None:
         try:
@@ -264,9 +266,10 @@ class Fleet(ProcessFleet):
     def entries_added(self, stream: str) -> int:
         """How many entries were ever added to ``stream``; unlike its length,
         trimming does not lower it."""
-        if not self.redis.exists(stream):
+        key = redis_key(stream)
+        if not self.redis.exists(key):
             return 0
-        return int(self.redis.xinfo_stream(stream)["entries-added"])
+        return int(self.redis.xinfo_stream(key)["entries-added"])
 
     def dead_letters(self) -> int:
         return int(self.redis.xlen(channels.dead_letter_channel()))
@@ -283,7 +286,7 @@ class Fleet(ProcessFleet):
     def produce_json(self, channel: str, body: bytes, request_id: str, reply_to: str, **headers: str) -> None:
         """An entry XADDed by hand: a JSON body, and each header an ``h.`` field."""
         named = {"content-type": "application/json", "reply-to": reply_to, "request-id": request_id, **headers}
-        self.redis.xadd(channel, {PAYLOAD_FIELD: body, **{f"h.{name}": value for name, value in named.items()}})
+        self.redis.xadd(redis_key(channel), {PAYLOAD_FIELD: body, **{f"h.{name}": value for name, value in named.items()}})
 
     def read_replies(self, stream: str, count: int, timeout_s: float = 30.0) -> list[Record]:
         """Poll until ``stream`` holds at least ``count`` entries; the key is the request id."""

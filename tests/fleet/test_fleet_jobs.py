@@ -99,10 +99,9 @@ def assert_same_response(job: httpx.Response, sync: httpx.Response) -> None:
 
 
 def test_a_job_over_real_processes_finishes_with_the_synchronous_body(
-    redis_url: str, tmp_path: Path, record: Path, http: httpx.Client,
+    fleet_redis_url: str, tmp_path: Path, record: Path, http: httpx.Client,
 ):
-    flushdb(redis_url)
-    with Fleet(redis_url, repository(tmp_path, record), tmp_path) as fleet:
+    with Fleet(fleet_redis_url, repository(tmp_path, record), tmp_path) as fleet:
         gateway = fleet.gateway()
         fleet.worker("w0")
         fleet.wait_model_ready(gateway, MODEL)

@@ -168,7 +168,7 @@ CRASH_OPTIONS = ("--max-deliveries", str(CRASH_DELIVERIES), "--claim-idle-s", "0
                  "--claim-interval-s", "0.2", "--heartbeat-s", "0.5")
 # Kafka's floor (group.min.session.timeout.ms): a dead worker's partitions move after this.
 CRASH_SESSION = "session_timeout_ms=6000&heartbeat_interval_ms=500"
-CRASH_BUDGET_S = {"redis": 30.0, "kafka": 90.0}
+CRASH_BUDGET_S = {"redis": 30.0, "redis-cluster": 30.0, "kafka": 90.0}
 CRASH_REPLIES = "poison.replies"
 
 
@@ -229,7 +229,7 @@ def produce(fleet: ProcessFleet, value: int, request_id: str) -> None:
     fleet.produce_json(REQUEST_STREAM, body.encode(), request_id, CRASH_REPLIES)
 
 
-CALLERS: dict[str, type[GatewayCaller] | type[KcatCaller]] = {"redis": GatewayCaller, "kafka": KcatCaller}
+CALLERS: dict[str, type[GatewayCaller] | type[KcatCaller]] = {"redis": GatewayCaller, "redis-cluster": GatewayCaller, "kafka": KcatCaller}
 
 
 @pytest.mark.parametrize("broker", FLEET_BROKERS)

@@ -214,13 +214,12 @@ class DepthProbe:
 
 
 def test_a_full_queue_answers_503_with_retry_after_and_admits_no_more_than_its_size(
-    redis_url: str, tmp_path: Path
+    fleet_redis_url: str, tmp_path: Path
 ):
-    flushdb(redis_url)
     repo, log_path = tmp_path / "repo", tmp_path / "bounded.jsonl"
     write_recorder(repo, "bounded", log_path, f"default_queue_policy {{ max_queue_size: {QUEUE_SIZE} }}",
                    sleep_s=SERVICE_S)
-    with ThreadPoolExecutor(BURST) as clients, Fleet(redis_url, repo, tmp_path) as fleet:
+    with ThreadPoolExecutor(BURST) as clients, Fleet(fleet_redis_url, repo, tmp_path) as fleet:
         gateway = start_fleet(fleet, "bounded")
         go = threading.Barrier(BURST)
 
@@ -326,14 +325,13 @@ WORKER_HOLDS = 2
 
 
 def test_a_higher_priority_level_is_computed_before_a_lower_one_queued_earlier(
-    redis_url: str, tmp_path: Path
+    fleet_redis_url: str, tmp_path: Path
 ):
-    flushdb(redis_url)
     repo, log_path = tmp_path / "repo", tmp_path / "ranked.jsonl"
     write_recorder(repo, "ranked", log_path, f"priority_levels: {LEVELS} default_priority_level: 2",
                    sleep_s=PRIORITY_SERVICE_S, block_s=PRIORITY_BLOCK_S)
     high_stream, low_stream = (channels.request_channel("ranked", level=level) for level in (1, 2))
-    with ThreadPoolExecutor(2 * EACH + 1) as clients, Fleet(redis_url, repo, tmp_path) as fleet:
+    with ThreadPoolExecutor(2 * EACH + 1) as clients, Fleet(fleet_redis_url, repo, tmp_path) as fleet:
         gateway = start_fleet(fleet, "ranked")
         # No priority: the default level, 2.
         blocker = clients.submit(triton_infer, gateway, "ranked", -1.0)

@@ -54,11 +54,11 @@ def by_pid(workers: list[FerryProcess], pid: int) -> FerryProcess:
     return next(w for w in workers if w.pid == pid)
 
 
-def test_every_step_of_a_sequence_reaches_the_worker_holding_it(clean_redis: str, tmp_path: Path) -> None:
+def test_every_step_of_a_sequence_reaches_the_worker_holding_it(fleet_redis_url: str, tmp_path: Path) -> None:
     # Each sequence waits while the seven others take a step; under load that can pass the 5 s
     # default idle timeout, which this test is not about.
     write_accumulator(tmp_path / "repo", strategy="oldest { }", idle_us=60_000_000)
-    with Fleet(clean_redis, tmp_path / "repo", tmp_path) as fleet:
+    with Fleet(fleet_redis_url, tmp_path / "repo", tmp_path) as fleet:
         gateway, _ = start_fleet(fleet, 2)
         client = httpclient.InferenceServerClient(gateway.url)
         seen: dict[int, list[tuple[int, int, str]]] = {s: [] for s in range(1, 9)}
@@ -82,9 +82,9 @@ def kill_mid_sequence(fleet: Fleet) -> tuple[httpclient.InferenceServerClient, l
     return client, [s[0] for s in before], next(w for w in workers if w is not holder)
 
 
-def test_a_checkpointed_sequence_resumes_on_another_worker(clean_redis: str, tmp_path: Path) -> None:
+def test_a_checkpointed_sequence_resumes_on_another_worker(fleet_redis_url: str, tmp_path: Path) -> None:
     write_accumulator(tmp_path / "repo")
-    with Fleet(clean_redis, tmp_path / "repo", tmp_path) as fleet:
+    with Fleet(fleet_redis_url, tmp_path / "repo", tmp_path) as fleet:
         client, before, survivor = kill_mid_sequence(fleet)
         after = [step(client, 77, x, end=x == 6) for x in (4, 5, 6)]
         client.close()

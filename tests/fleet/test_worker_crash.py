@@ -192,7 +192,7 @@ class KafkaCrash:
         assert replies >= REQUESTS
 
 
-CRASHES: dict[str, type[RedisCrash] | type[KafkaCrash]] = {"redis": RedisCrash, "kafka": KafkaCrash}
+CRASHES: dict[str, type[RedisCrash] | type[KafkaCrash]] = {"redis": RedisCrash, "redis-cluster": RedisCrash, "kafka": KafkaCrash}
 
 
 @pytest.mark.parametrize("broker", FLEET_BROKERS)

@@ -32,13 +32,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import msgpack
-import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from broker import channels
 from broker.envelope import Request, SequenceId
 from broker.errors import translated
+from broker.redis_url import REDIS_ERRORS, AsyncRedis, async_client
 from workers.repository.config import ModelConfig
 from workers.sequences.sessions import HERE, Route
 from workers.sequences.state import LOST, Checkpoint, Lost, StateStore, pack_tensors, unpack_tensors
@@ -58,7 +57,7 @@ class RedisSessions:
         """``forwarding=False`` keeps only the state store, for a broker that
         routes sequences itself (Kafka's partition key)."""
         self._forwarding = forwarding
-        self._redis = aioredis.Redis.from_url(url, protocol=2)
+        self._redis = async_client(url)
         self._worker_id = worker_id
         self._live_workers = live_workers
         self._lease_ms = max(1, round(lease_s * 1000))
@@ -80,7 +79,7 @@ class RedisSessions:
         own = channels.session_channel(model, self._worker_id, self._prefix)
         if channel in self.channels(model):
             return Route(home=own if request.sequence_start else channel)
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             home = await self._redis.get(channels.session_key(model, sequence_id, self._prefix))
         if home is None:
             return Route(home=own) if request.sequence_start else HERE
@@ -119,13 +118,13 @@ class RedisSessions:
         return now - self._missing_since.setdefault(channel, now) >= self._orphan_grace_s
 
     async def aclose(self) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             for channel in {c for held in self._adopted.values() for c in held}:
                 await self._redis.delete(channels.adopter_key(channel))
         await self._redis.aclose()
 
     async def _renew(self, model: str, live: set[str]) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             for channel in list(self._adopted.get(model, ())):
                 key = channels.adopter_key(channel)
                 holder = await self._redis.get(key)
@@ -144,7 +143,7 @@ class RedisSessions:
         """Session channels of workers that are no longer live, not yet adopted by us."""
         pattern = channels.session_channel_pattern(model, self._prefix)
         found: list[str] = []
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             async for raw in self._redis.scan_iter(match=pattern, count=SCAN_BATCH, _type="stream"):
                 channel = raw.decode()
                 owner = channels.session_channel_owner(channel, model, self._prefix)
@@ -154,7 +153,7 @@ class RedisSessions:
         return found
 
     async def _adopt(self, channel: str) -> bool:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             key = channels.adopter_key(channel)
             if await self._redis.set(key, self._worker_id, px=self._lease_ms, nx=True):
                 return True
@@ -181,7 +180,7 @@ return 0
 class RedisStates:
     """One model's ``StateStore`` on Redis."""
 
-    def __init__(self, redis: aioredis.Redis, model: str, home: str, held: Callable[[], tuple[str, ...]],
+    def __init__(self, redis: AsyncRedis, model: str, home: str, held: Callable[[], tuple[str, ...]],
                  checkpointing: bool, ttl_s: float, prefix: str) -> None:
         self._redis = redis
         self._model = model
@@ -193,21 +192,21 @@ class RedisStates:
         self._prefix = prefix
 
     async def load(self, sequence_id: SequenceId) -> Checkpoint | Lost | None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             raw, home = await self._redis.mget([self._state_key(sequence_id), self._session_key(sequence_id)])
         if isinstance(raw, bytes):
             return _decode_checkpoint(raw)
         return LOST if home is not None else None
 
     async def begin(self, sequence_id: SequenceId) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             pipe = self._redis.pipeline(transaction=False)
             pipe.set(self._session_key(sequence_id), self._home, px=self._ttl_ms)
             pipe.delete(self._state_key(sequence_id))
             await pipe.execute()
 
     async def save(self, checkpoints: list[tuple[SequenceId, Checkpoint]]) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             pipe = self._redis.pipeline(transaction=False)
             for sequence_id, checkpoint in checkpoints:
                 pipe.pexpire(self._session_key(sequence_id), self._ttl_ms)
@@ -216,7 +215,7 @@ class RedisStates:
             await pipe.execute()
 
     async def drop(self, sequence_id: SequenceId) -> None:
-        with translated(RedisError, "redis"):
+        with translated(REDIS_ERRORS, "redis"):
             await self._drop_if_held(keys=[self._session_key(sequence_id), self._state_key(sequence_id)],
                                      args=list(self._held()))
 

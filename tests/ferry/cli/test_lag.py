@@ -62,3 +62,28 @@ def test_it_reads_an_empty_redis_as_zero(repo: Path, redis_url: str):
     assert lag_cli.run(args(repo, redis_url, "add_sub"), out) == 0
     [row] = json.loads(out.getvalue())
     assert (row["model"], row["lag"], row["pending"]) == ("add_sub", 0, 0)
+
+
+def test_it_reads_each_priority_level_of_a_model_on_a_redis_cluster(tmp_path: Path, redis_cluster_url: str):
+    from broker import channels
+    from broker.redis_url import sync_client
+    from tests.redis_cluster import flush_cluster
+
+    flush_cluster(redis_cluster_url)
+    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
+    config = tmp_path / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        "dynamic_batching {", "dynamic_batching { priority_levels: 2 default_priority_level: 2"))
+    high, low = channels.request_channels("add_sub", 2)
+    client = sync_client(redis_cluster_url)
+    try:
+        for _ in range(3):
+            client.xadd(channels.redis_key(low), {b"d": b"x"})
+        client.xgroup_create(channels.redis_key(low), channels.worker_group("add_sub"), id="0")
+        client.xreadgroup(channels.worker_group("add_sub"), "w", {channels.redis_key(low): ">"}, count=1)
+    finally:
+        client.close()
+    out = io.StringIO()
+    assert lag_cli.run(args(tmp_path, redis_cluster_url, "add_sub"), out) == 0
+    assert [(row["channel"], row["lag"], row["pending"]) for row in json.loads(out.getvalue())] == [
+        (high, 0, 0), (low, 2, 1)]

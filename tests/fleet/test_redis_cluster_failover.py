@@ -1,0 +1,137 @@
+"""A Redis Cluster master SIGKILLed under load: its replica takes over, and the fleet rides it
+out. 2,000 synchronous requests and 50 async jobs go through a gateway to two workers on a
+three-master cluster; once a third of the requests are answered, the master holding the
+model's request stream is killed. Every request gets exactly one answer (its own, right) or
+a clear error, none waits out a timeout, and every accepted job reaches a final state."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from broker import channels
+from tests.fleet.processes import Fleet, Gateway, wait_for
+from tests.models import recorded_values, write_recording_model
+from tests.redis_cluster import RedisCluster
+
+MODEL = "recorder"
+REQUESTS = 2_000
+JOBS = 50
+CLIENTS = 16
+KILL_AFTER = REQUESTS // 3
+# A request either answered or refused within this; a lost one would wait the gateway's
+# reply timeout (300 s) instead.
+CLIENT_TIMEOUT_S = 60.0
+JOB_DEADLINE_S = 120.0
+WORKER = ("--heartbeat-s", "0.5", "--claim-interval-s", "0.5", "--claim-idle-s", "2")
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisCluster]:
+    with RedisCluster() as started:
+        yield started
+
+
+def body(value: int) -> dict[str, object]:
+    return {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [value]}]}
+
+
+class Load:
+    """The clients: each request's outcome by value, and the count answered so far."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._url = f"http://{gateway.url}/v2/models/{MODEL}/infer"
+        self.outcomes: dict[int, tuple[int, object]] = {}
+        self.jobs: dict[int, str] = {}
+        self.refused_jobs: dict[int, int] = {}
+        self.answered = 0
+        self._lock = threading.Lock()
+
+    def request(self, client: httpx.Client, value: int) -> None:
+        try:
+            response = client.post(self._url, json=body(value))
+        except httpx.TimeoutException:
+            outcome: tuple[int, object] = (0, "no answer within the client timeout")
+        else:
+            payload = response.json()
+            outcome = (response.status_code, payload["outputs"][0]["data"][0] if response.status_code == 200
+                       else payload.get("error"))
+        with self._lock:
+            self.outcomes[value] = outcome
+            self.answered += 1
+
+    def job(self, client: httpx.Client, value: int) -> None:
+        response = client.post(self._url, json=body(value), headers={"Prefer": "respond-async"})
+        with self._lock:
+            if response.status_code == 202:
+                self.jobs[value] = str(response.json()["job_id"])
+            else:
+                self.refused_jobs[value] = response.status_code
+
+
+def job_states(client: httpx.Client, gateway: Gateway, jobs: dict[int, str]) -> dict[int, str]:
+    """Each job's state once all are final, or as they are at the deadline."""
+    states: dict[int, str] = {}
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while time.monotonic() < deadline:
+        states = {value: job_state(client.get(f"http://{gateway.url}/v2/jobs/{job_id}"))
+                  for value, job_id in jobs.items()}
+        if all(state in ("succeeded", "failed", "cancelled") for state in states.values()):
+            break
+        time.sleep(0.2)
+    return states
+
+
+def job_state(response: httpx.Response) -> str:
+    if response.status_code != 200:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    document = response.json()
+    # A finished job answers with its inference body; one under way with its status.
+    return str(document["status"]) if "job_id" in document else "succeeded"
+
+
+def test_a_master_killed_under_load_is_replaced_and_no_request_or_job_is_left_hanging(
+    cluster: RedisCluster, tmp_path: Path
+) -> None:
+    record = tmp_path / "computed.txt"
+    write_recording_model(tmp_path / "repo", MODEL, record)
+    with Fleet(cluster.url, tmp_path / "repo", tmp_path) as fleet, \
+            httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_connections=CLIENTS + 4)) as client, \
+            ThreadPoolExecutor(CLIENTS) as pool:
+        gateway = fleet.gateway()
+        fleet.worker("w1", *WORKER)
+        fleet.worker("w2", *WORKER)
+        fleet.wait_model_ready(gateway, MODEL)
+        victim = cluster.master_of(channels.request_channel(MODEL))
+        load = Load(gateway)
+        calls = [pool.submit(load.request, client, value) for value in range(REQUESTS)]
+        jobs = [pool.submit(load.job, client, REQUESTS + value) for value in range(JOBS)]
+        wait_for(lambda: load.answered >= KILL_AFTER, 120.0, f"{KILL_AFTER} answers before the kill")
+        victim.crash()
+        killed_at = time.monotonic()
+        for call in calls + jobs:
+            call.result(timeout=CLIENT_TIMEOUT_S * 3)
+        cluster.wait_ok()
+        states = job_states(client, gateway, load.jobs)
+        failover_s = time.monotonic() - killed_at
+
+    wrong = {v: o for v, o in load.outcomes.items() if o[0] == 200 and o[1] != 2 * v}
+    assert not wrong, f"answers that are not their own request's: {wrong}"
+    hung = {v: o for v, o in load.outcomes.items() if o[0] == 0}
+    assert not hung, f"{len(hung)} requests had no answer within {CLIENT_TIMEOUT_S:g} s"
+    unclear = {v: o for v, o in load.outcomes.items() if o[0] not in (200, 503, 504)}
+    assert not unclear, f"answers neither right nor a clear error: {unclear}"
+    assert len(load.outcomes) == REQUESTS
+    not_final = {v: s for v, s in states.items() if s not in ("succeeded", "failed")}
+    assert not not_final, f"jobs left without a final state: {not_final}"
+    refused = sum(1 for status, _ in load.outcomes.values() if status != 200)
+    computed = recorded_values(record)
+    print(f"\nfailover: {REQUESTS - refused} answered, {refused} refused (503/504); jobs: {len(load.jobs)} accepted, "
+          f"{len(load.refused_jobs)} refused; {len(computed) - len(set(computed))} computed twice; "
+          f"{failover_s:.1f} s from the kill to the last job's final state")
