@@ -96,6 +96,13 @@ class KafkaCluster:
             self.stop()
             raise
 
+    def pid(self, node: int) -> int:
+        return self._processes[node].pid
+
+    def running(self, node: int) -> bool:
+        process = self._processes.get(node)
+        return process is not None and process.poll() is None
+
     def kill(self, node: int) -> None:
         """SIGKILL one broker (1, 2 or 3), as a machine failing would."""
         process = self._processes.pop(node)

@@ -274,7 +274,7 @@ def topic_settings(bootstrap: str, topic: str) -> tuple[int, str]:
     """A topic's replication factor and ``min.insync.replicas``, as the cluster reports them."""
     from broker.transports.kafka_api import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
     try:
         [described] = admin.describe_topics([topic])
         configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
