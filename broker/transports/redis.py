@@ -88,7 +88,8 @@ class RedisTransport(BaseTransport):
                                    socket_timeout=None)
         self._cluster = isinstance(self._redis, RedisCluster)
         self._groups: set[tuple[str, str]] = set()
-        self._reads: set[asyncio.Task[Any]] = set()
+        self._readers: set[asyncio.Task[Any]] = set()  # tasks inside XREADGROUP now
+        self._closing: set[asyncio.Task[Any]] = set()  # of those, the ones closing cancelled
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
@@ -186,12 +187,11 @@ class RedisTransport(BaseTransport):
     async def _shut_down(self) -> None:
         # Blocked reads would otherwise hold their connections until BLOCK
         # expires; cancelling them lets fetch report TransportClosed at once.
-        reads = list(self._reads)
-        for read in reads:
-            read.cancel()
-        await asyncio.gather(*reads, return_exceptions=True)
-        # The other calls take a round trip each; a call cut off by the pool's close would be
-        # retried by redis-py on a fresh connection that nothing closes.
+        for reader in list(self._readers):
+            self._closing.add(reader)
+            reader.cancel()
+        # Those reads end now, the other calls within a round trip; a call cut off by the pool's
+        # close would be retried by redis-py on a fresh connection that nothing closes.
         await self._settle(SETTLE_S)
         await self._redis.aclose()
 
@@ -224,33 +224,39 @@ class RedisTransport(BaseTransport):
     ) -> list[Any]:
         # BLOCK 0 would wait forever, so a zero timeout omits BLOCK instead.
         block = max(1, round(timeout_s * 1000)) if timeout_s > 0 else None
-        # Closed while this fetch awaited something else? Then _shut_down has already cancelled the reads
-        # it knew of, and a read started now would outlive the transport, perhaps never to run at all.
+        # Closed while this fetch awaited something else? Then _shut_down has already cancelled the
+        # reads it knew of, and one started now would hold its connection until BLOCK ran out.
         self._check_open()
-        read = asyncio.ensure_future(self._redis.xreadgroup(
-            group, consumer, {redis_key(channel): ">" for channel in channels}, count=max_count, block=block
-        ))
-        self._reads.add(read)
-        current = asyncio.current_task()
+        # The read runs in the caller's own task (a task of its own that never got to run would
+        # leave its command's coroutine unawaited); closing cancels that task, and takes the
+        # cancellation back here, so the caller sees TransportClosed (see _closing_alone).
+        reader = asyncio.current_task()
+        assert reader is not None, "a fetch runs in a task"
+        self._readers.add(reader)
         try:
-            reply = await read
+            reply = await self._redis.xreadgroup(
+                group, consumer, {redis_key(channel): ">" for channel in channels}, count=max_count, block=block)
         except asyncio.CancelledError:
-            if not read.done():
-                # Let the read take its cancellation now: a task never started, its event loop
-                # closed next, would be destroyed with its coroutine never awaited.
-                read.cancel()
-                await asyncio.gather(read, return_exceptions=True)
-            if self._closed and (current is None or current.cancelling() == 0):
+            if self._closing_alone(reader):
                 raise TransportClosed("redis transport is closed") from None
             raise
         finally:
-            self._reads.discard(read)
-        if current is not None and current.cancelling():
-            # Cancelling us cancelled the read, but redis-py can absorb that and
-            # return normally; the caller must still see its cancellation, or a
-            # reader loop being shut down would go on reading forever.
+            self._readers.discard(reader)
+        if reader.cancelling():
+            # redis-py can absorb a cancellation and return normally; whoever cancelled must
+            # still be obeyed, or a reader loop being shut down would go on reading forever.
+            if self._closing_alone(reader):
+                raise TransportClosed("redis transport is closed")
             raise asyncio.CancelledError
         return list(reply or [])
+
+    def _closing_alone(self, reader: asyncio.Task[Any]) -> bool:
+        """Whether ``reader`` was cancelled by closing and by no one else; closing's
+        cancellation is then withdrawn."""
+        if reader not in self._closing:
+            return False
+        self._closing.discard(reader)
+        return reader.uncancel() == 0
 
     @staticmethod
     def _deliveries(reply: list[Any], channels: Sequence[str], group: str, consumer: str) -> list[Delivery]:

@@ -290,6 +290,18 @@ async def test_a_fetch_closed_on_before_its_read_starts_wakes_too(transport: Any
             await waiter
 
 
+async def test_a_fetch_cancelled_as_its_transport_closes_stays_cancelled(transport: AnyTransport):
+    # Closing wakes a blocked fetch with TransportClosed; a fetch its caller cancelled too must
+    # still end cancelled, or a reader shut down at the same moment would not know it was.
+    waiter = asyncio.create_task(transport.fetch("c", "g", "a", 1, 5))
+    await asyncio.sleep(0.2)
+    waiter.cancel()
+    async with asyncio.timeout(2):
+        await transport.aclose()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+
+
 async def test_redis_failures_surface_as_transport_error():
     async with RedisTransport(f"redis://127.0.0.1:{free_port()}/0") as unreachable:
         with pytest.raises(TransportError):
