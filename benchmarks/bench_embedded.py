@@ -19,10 +19,11 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the pat
 
 from benchmarks import cpu, profiling  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
-    LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load,
+    LoadResult, LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load,
 )
 from benchmarks.ort_inprocess import MODE as ORT_MODE, measure_ort  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
@@ -93,7 +94,13 @@ def _target(server: RunningServer) -> Target:
 
 
 async def _measure_point(mode: str, target: Target, spec: LoadSpec, server_pid: int) -> Summary:
-    load = asyncio.create_task(run_load(target, spec))
+    return await measure_point(mode, run_load(target, spec), spec, server_pid)
+
+
+async def measure_point(mode: str, running: Coroutine[Any, Any, LoadResult], spec: LoadSpec,
+                        server_pid: int) -> Summary:
+    """Run ``running`` (a load of ``spec``) and summarise its window, with the server's CPU."""
+    load = asyncio.create_task(running)
     await asyncio.sleep(spec.warmup_s)
     before = cpu.sample(server_pid)
     await asyncio.sleep(spec.duration_s)

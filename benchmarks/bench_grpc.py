@@ -14,14 +14,14 @@ throughput and latency.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,13 +29,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the path but not the repository
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks import cpu, grpc_load  # noqa: E402
-from benchmarks.bench_embedded import IMAGE_SHAPE, MODEL_DIR, MODEL_NAME, OUTPUT_BYTES  # noqa: E402
+from benchmarks import grpc_load  # noqa: E402
+from benchmarks.bench_embedded import IMAGE_SHAPE, MODEL_DIR, MODEL_NAME, OUTPUT_BYTES, measure_point  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     LoadResult, LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_clients, run_load,
 )
 from benchmarks.server import copy_model, ferry_server, free_port  # noqa: E402
-from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
+from benchmarks.stats import Summary, int_list  # noqa: E402
 from benchmarks.table import Column, print_table  # noqa: E402
 from benchmarks.window import Window, WindowOptions  # noqa: E402
 
@@ -67,20 +67,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     return BenchSettings(window.duration_s, window.warmup_s, args.concurrency, args.out)
 
 
-Load = Callable[[LoadSpec], Awaitable[LoadResult]]
-
-
-async def _measure(protocol: str, load: Load, spec: LoadSpec, server_pid: int) -> Summary:
-    running = asyncio.create_task(load(spec))
-    await asyncio.sleep(spec.warmup_s)
-    before = cpu.sample(server_pid)
-    await asyncio.sleep(spec.duration_s)
-    client_cores, server_cores = cpu.cores_used(before, cpu.sample(server_pid), spec.duration_s)
-    result = await running
-    if result.first_error is not None:
-        print(f"  {protocol}, {spec.concurrency} clients: {result.errors} errors, first: {result.first_error}")
-    return summarize(protocol, f"concurrency {spec.concurrency}", result.latencies_s, len(result.latencies_s),
-                     spec.duration_s, result.errors, compute_cores=server_cores, client_cores=client_cores)
+Load = Callable[[LoadSpec], Coroutine[Any, Any, LoadResult]]
 
 
 async def _measure_both(http: Target, grpc_target: grpc_load.GrpcTarget, settings: BenchSettings,
@@ -95,7 +82,7 @@ async def _measure_both(http: Target, grpc_target: grpc_load.GrpcTarget, setting
     for concurrency in settings.concurrency:
         for protocol, load in loads.items():
             spec = LoadSpec(concurrency, settings.warmup_s, settings.duration_s)
-            summaries.append(await _measure(protocol, load, spec, server_pid))
+            summaries.append(await measure_point(protocol, load(spec), spec, server_pid))
             print("  " + _line(summaries[-1]), flush=True)
     return summaries
 

@@ -11,7 +11,7 @@ from time import perf_counter
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from benchmarks.loadgen import Client, LoadResult, TensorSpec, Window
+from benchmarks.loadgen import Client, LoadResult, TensorSpec, Window, record
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # As large as Triton's clients allow, so a batch of images never meets grpcio's 4 MB default.
@@ -62,12 +62,5 @@ def client(target: GrpcTarget) -> Client:
                 except grpc.aio.AioRpcError as exc:
                     result.fail(f"{exc.code().name}: {exc.details()}")
                     continue
-                end = perf_counter()
-                if not window.start <= end <= window.end:
-                    continue
-                problem = _problem(target, reply)
-                if problem is None:
-                    result.latencies_s.append(end - start)
-                else:
-                    result.fail(problem)
+                record(result, window, start, lambda: _problem(target, reply))
     return run

@@ -162,16 +162,22 @@ async def _worker(target: Target, window: Window, result: LoadResult) -> None:
                 writer.close()
                 reader, writer = await asyncio.open_connection(target.host, target.port)
                 continue
-            end = perf_counter()
-            if not window.start <= end <= window.end:
-                continue
-            problem = _problem(target, reply)
-            if problem is None:
-                result.latencies_s.append(end - start)
-            else:
-                result.fail(problem)
+            record(result, window, start, lambda: _problem(target, reply))
     finally:
         writer.close()
+
+
+def record(result: LoadResult, window: Window, start: float, problem: Callable[[], str | None]) -> None:
+    """A reply that has just come back to a request sent at ``start``: its latency when it is
+    right, a failure when ``problem()`` says what is wrong; nothing outside the window."""
+    end = perf_counter()
+    if not window.start <= end <= window.end:
+        return
+    wrong = problem()
+    if wrong is None:
+        result.latencies_s.append(end - start)
+    else:
+        result.fail(wrong)
 
 
 async def run_load(target: Target, spec: LoadSpec) -> LoadResult:

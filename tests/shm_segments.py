@@ -13,6 +13,32 @@ from tests.models import write_python_model
 SHM = Path("/dev/shm")
 
 
+class ClientRegions:
+    """Segments made by ``tritonclient.utils.shared_memory``, as Triton's example clients make
+    them; destroyed (unlinked) by the client on exit."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, object] = {}
+
+    def new(self, name: str, byte_size: int) -> tuple[object, str]:
+        """A region's handle and its key."""
+        import tritonclient.utils.shared_memory as shm
+
+        key = f"/ferry_{name}_{uuid.uuid4().hex[:8]}"
+        self._made[name] = shm.create_shared_memory_region(name, key, byte_size)
+        return self._made[name], key
+
+    def __enter__(self) -> ClientRegions:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        import tritonclient.utils.shared_memory as shm
+
+        for handle in self._made.values():
+            shm.destroy_shared_memory_region(handle)
+
+
 class Segments:
     def __init__(self) -> None:
         self._made: list[Path] = []

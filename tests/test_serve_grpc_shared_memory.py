@@ -6,7 +6,6 @@ holds one set of regions, so a region registered over HTTP serves a gRPC request
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.models import write_identity_model
 from tests.servers import ferry_serve, free_port
+from tests.shm_segments import ClientRegions
 
 MODEL_REPO = Path(__file__).resolve().parent.parent / "model_repo"
 A, B = np.arange(16, dtype=np.float32).reshape(1, 16), np.ones((1, 16), dtype=np.float32)
@@ -48,18 +48,10 @@ def client(urls: tuple[str, str]) -> Iterator[grpcclient.InferenceServerClient]:
 
 
 @pytest.fixture
-def regions() -> Iterator[dict[str, object]]:
-    """tritonclient's own segments, destroyed (unlinked) by the client after each test."""
-    made: dict[str, object] = {}
-    yield made
-    for handle in made.values():
-        shm.destroy_shared_memory_region(handle)
+def regions() -> Iterator[ClientRegions]:
+    with ClientRegions() as made:
+        yield made
 
-
-def new_region(regions: dict[str, object], name: str, byte_size: int) -> tuple[object, str]:
-    key = f"/ferry_grpc_{name}_{uuid.uuid4().hex[:8]}"
-    regions[name] = shm.create_shared_memory_region(name, key, byte_size)
-    return regions[name], key
 
 
 def add_sub_inputs(region: str) -> list[grpcclient.InferInput]:
@@ -83,9 +75,9 @@ def refused(call, *args, **kwargs) -> InferenceServerException:
 
 
 def test_simple_grpc_shm_client(client, regions):
-    output_handle, output_key = new_region(regions, "output_data", SIZE * 2)
+    output_handle, output_key = regions.new("output_data", SIZE * 2)
     client.register_system_shared_memory("output_data", output_key, SIZE * 2)
-    input_handle, input_key = new_region(regions, "input_data", SIZE * 2)
+    input_handle, input_key = regions.new("input_data", SIZE * 2)
     shm.set_shared_memory_region(input_handle, [A])
     shm.set_shared_memory_region(input_handle, [B], offset=SIZE)
     client.register_system_shared_memory("input_data", input_key, SIZE * 2)
@@ -112,8 +104,8 @@ def test_simple_grpc_shm_string_client(client, regions):
     strings = np.array([[str(i).encode() for i in range(16)]], dtype=object)
     serialized = utils.serialize_byte_tensor(strings)
     size = utils.serialized_byte_size(serialized)
-    input_handle, input_key = new_region(regions, "input0_data", size)
-    output_handle, output_key = new_region(regions, "output0_data", size)
+    input_handle, input_key = regions.new("input0_data", size)
+    output_handle, output_key = regions.new("output0_data", size)
     shm.set_shared_memory_region(input_handle, [serialized])
     client.register_system_shared_memory("input0_data", input_key, size)
     client.register_system_shared_memory("output0_data", output_key, size)
@@ -129,7 +121,7 @@ def test_simple_grpc_shm_string_client(client, regions):
 
 
 def test_a_region_registered_over_http_serves_a_grpc_request(client, regions, urls):
-    handle, key = new_region(regions, "io", SIZE * 2)
+    handle, key = regions.new("io", SIZE * 2)
     shm.set_shared_memory_region(handle, [A, B])
     http = httpclient.InferenceServerClient(urls[0])
     try:
@@ -141,7 +133,7 @@ def test_a_region_registered_over_http_serves_a_grpc_request(client, regions, ur
 
 
 def test_errors_carry_tritons_codes(client, regions):
-    _, key = new_region(regions, "small", SIZE)
+    _, key = regions.new("small", SIZE)
     client.register_system_shared_memory("small", key, SIZE)
     twice = refused(client.register_system_shared_memory, "small", key, SIZE)
     assert twice.status() == str(grpc.StatusCode.ALREADY_EXISTS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.models import write_identity_model
 from tests.servers import ferry_serve
-from tests.shm_segments import contents, write_gated_model
+from tests.shm_segments import ClientRegions, contents, write_gated_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = ROOT / "model_repo"
@@ -57,18 +56,10 @@ def client(server: str) -> Iterator[httpclient.InferenceServerClient]:
 
 
 @pytest.fixture
-def regions() -> Iterator[dict[str, object]]:
-    """tritonclient's own segments, destroyed (unlinked) by the client after each test."""
-    made: dict[str, object] = {}
-    yield made
-    for handle in made.values():
-        shm.destroy_shared_memory_region(handle)
+def regions() -> Iterator[ClientRegions]:
+    with ClientRegions() as made:
+        yield made
 
-
-def new_region(regions: dict[str, object], name: str, byte_size: int) -> tuple[object, str]:
-    key = f"/ferry_{name}_{uuid.uuid4().hex[:8]}"
-    regions[name] = shm.create_shared_memory_region(name, key, byte_size)
-    return regions[name], key
 
 
 def add_sub_inputs(region: str) -> list[httpclient.InferInput]:
@@ -93,9 +84,9 @@ def refused(call, *args, **kwargs) -> InferenceServerException:
 
 
 def test_simple_http_shm_client(client, regions):
-    output_handle, output_key = new_region(regions, "output_data", SIZE * 2)
+    output_handle, output_key = regions.new("output_data", SIZE * 2)
     client.register_system_shared_memory("output_data", output_key, SIZE * 2)
-    input_handle, input_key = new_region(regions, "input_data", SIZE * 2)
+    input_handle, input_key = regions.new("input_data", SIZE * 2)
     shm.set_shared_memory_region(input_handle, [A])
     shm.set_shared_memory_region(input_handle, [B], offset=SIZE)
     client.register_system_shared_memory("input_data", input_key, SIZE * 2)
@@ -120,8 +111,8 @@ def test_simple_http_shm_string_client(client, regions):
     strings = np.array([[str(i).encode() for i in range(16)]], dtype=object)
     serialized = utils.serialize_byte_tensor(strings)
     size = utils.serialized_byte_size(serialized)
-    input_handle, input_key = new_region(regions, "input0_data", size)
-    output_handle, output_key = new_region(regions, "output0_data", size)
+    input_handle, input_key = regions.new("input0_data", size)
+    output_handle, output_key = regions.new("output0_data", size)
     shm.set_shared_memory_region(input_handle, [serialized])
     client.register_system_shared_memory("input0_data", input_key, size)
     client.register_system_shared_memory("output0_data", output_key, size)
@@ -137,7 +128,7 @@ def test_simple_http_shm_string_client(client, regions):
 
 
 def test_inputs_in_shared_memory_outputs_in_the_body_and_back(client, regions):
-    handle, key = new_region(regions, "io", SIZE * 2)
+    handle, key = regions.new("io", SIZE * 2)
     shm.set_shared_memory_region(handle, [A, B])
     client.register_system_shared_memory("io", key, SIZE * 2)
     np.testing.assert_array_equal(client.infer("add_sub", add_sub_inputs("io")).as_numpy("OUTPUT0"), A + B)
@@ -149,7 +140,7 @@ def test_inputs_in_shared_memory_outputs_in_the_body_and_back(client, regions):
 
 
 def test_status_and_unregister_of_one_region(client, regions):
-    _, key = new_region(regions, "one", 64)
+    _, key = regions.new("one", 64)
     client.register_system_shared_memory("one", key, 32, offset=16)
     client.register_system_shared_memory("two", key, 16)
     assert client.get_system_shared_memory_status("one") == [
@@ -162,7 +153,7 @@ def test_status_and_unregister_of_one_region(client, regions):
 
 
 def test_registering_a_name_twice_a_missing_key_or_a_range_past_the_segment_is_a_400(client, regions):
-    _, key = new_region(regions, "r", 64)
+    _, key = regions.new("r", 64)
     client.register_system_shared_memory("r", key, 64)
     twice = refused(client.register_system_shared_memory, "r", key, 64)
     assert (twice.status(), twice.message()) == ("400", "shared memory region 'r' already in manager")
@@ -175,7 +166,7 @@ def test_registering_a_name_twice_a_missing_key_or_a_range_past_the_segment_is_a
 
 
 def test_an_unknown_region_or_a_slice_past_its_region_is_a_400(client, regions):
-    _, key = new_region(regions, "small", SIZE)
+    _, key = regions.new("small", SIZE)
     client.register_system_shared_memory("small", key, SIZE)
     unknown = refused(client.infer, "add_sub", add_sub_inputs("nope"))
     assert (unknown.status(), unknown.message()) == (
@@ -186,7 +177,7 @@ def test_an_unknown_region_or_a_slice_past_its_region_is_a_400(client, regions):
 
 
 def test_an_output_region_too_small_for_the_tensor_is_a_400(client, regions):
-    handle, key = new_region(regions, "io", SIZE * 2)
+    handle, key = regions.new("io", SIZE * 2)
     shm.set_shared_memory_region(handle, [A, B])
     client.register_system_shared_memory("io", key, SIZE * 2)
     error = refused(client.infer, "add_sub", add_sub_inputs("io"), outputs=shm_outputs("io", SIZE // 2))
@@ -197,7 +188,7 @@ def test_an_output_region_too_small_for_the_tensor_is_a_400(client, regions):
 
 
 def test_a_region_unregistered_while_a_request_uses_it_is_a_400_and_left_alone(client, regions, server, gate):
-    handle, key = new_region(regions, "gated", 32)
+    handle, key = regions.new("gated", 32)
     shm.set_shared_memory_region(handle, [np.ones(4, np.float32), np.full(4, 7, np.float32)])
     client.register_system_shared_memory("gated", key, 32)
     infer_input = httpclient.InferInput("IN", [4], "FP32")
