@@ -10,6 +10,7 @@ carry their hash tags in their names.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 PREFIX = "ferry"
 
@@ -31,6 +32,7 @@ def request_channels(model: str, levels: int, prefix: str = PREFIX) -> tuple[str
 _LEVEL = re.compile(r"(.+\.requests)\.(p[0-9]+)")
 
 
+@lru_cache(maxsize=4096)  # on every publish, fetch and ack; a fleet has few channels
 def redis_key(channel: str) -> str:
     """The Redis stream that holds ``channel``: the channel's own name, except that a priority
     level's stream is ``{ferry.<model>.requests}.p<level>``. Redis Cluster hashes a key with a
