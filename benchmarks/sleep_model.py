@@ -2,8 +2,9 @@
 
 The compute costs no CPU, so how throughput grows with workers measures ferry's fan-out
 (Redis, the gateway, the workers' fetching) and not the cores the machine happens to have.
-Each worker process's copy of the model keeps a running count of its batches and rows in
-``<stats_dir>/<pid>.json``, so a benchmark can tell how evenly the work was spread.
+Each copy of the model keeps a running count of its batches and rows in
+``<stats_dir>/<pid>.json`` (the pid of the process it runs in: its worker's, or the instance
+process's the worker started), so a benchmark can tell how evenly the work was spread.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class BatchCount:
     batches: int
     rows: int
 
+    def __add__(self, other: BatchCount) -> BatchCount:
+        return BatchCount(self.batches + other.batches, self.rows + other.rows)
+
     def __sub__(self, other: BatchCount) -> BatchCount:
         return BatchCount(self.batches - other.batches, self.rows - other.rows)
 
@@ -99,8 +103,23 @@ def write_sleep_model(repository: Path, model: SleepModel, stats_dir: Path) -> P
 
 
 def read_counts(stats_dir: Path, pids: Iterable[int]) -> dict[int, BatchCount]:
-    """Batches and rows each process has run so far (zero before its first batch)."""
-    return {pid: _read_count(stats_dir / f"{pid}.json") for pid in pids}
+    """Batches and rows each worker process has run so far (zero before its first batch),
+    its instance processes' included."""
+    counts = {pid: BatchCount(0, 0) for pid in pids}
+    for path in stats_dir.glob("*.json"):
+        pid = int(path.stem)
+        owner = pid if pid in counts else _parent(pid)
+        if owner in counts:
+            counts[owner] = counts[owner] + _read_count(path)
+    return counts
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None  # gone: its worker stopped
+    return int(stat.rpartition(")")[2].split()[1])
 
 
 def _read_count(path: Path) -> BatchCount:
