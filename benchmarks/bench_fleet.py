@@ -46,7 +46,8 @@ from benchmarks.window import Window, WindowOptions  # noqa: E402
 CNN_DIR = REPO_ROOT / "model_repo" / "cnn"
 CNN_NAME, CNN_SHAPE, CNN_OUTPUT_BYTES = "cnn", (3, 128, 128), 10 * 4
 BROKERS = ("redis", "kafka")   # measured unless --brokers says otherwise
-KNOWN_BROKERS = ("redis", "redis-cluster", "kafka")   # redis-cluster: three masters with a replica each
+# redis-cluster: three masters with a replica each; kafka-cluster: three brokers, three replicas
+KNOWN_BROKERS = ("redis", "redis-cluster", "kafka", "kafka-cluster")
 SCALING = "gateway + N workers"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fleet.json"
 WINDOWS = WindowOptions(full=Window(duration_s=5.0, warmup_s=2.0), quick=Window(duration_s=1.5, warmup_s=1.0))
@@ -104,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int_list, default=(1, 2, 4),
                         help="worker counts for part 2, comma-separated (default 1,2,4)")
     parser.add_argument("--brokers", type=_broker_list, default=BROKERS,
-                        help="shared brokers to measure, comma-separated, among redis, redis-cluster and kafka "
+                        help="shared brokers to measure, comma-separated, among redis, redis-cluster, kafka and "
+                             "kafka-cluster "
                              "(default redis,kafka)")
     parser.add_argument("--sleep-ms", type=float, default=100.0, help="the sleep model's time per batch")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the sleep model's max_batch_size")
@@ -298,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop_on_signals()  # every process started here is stopped on the way out
     report = Report()
     starters = {"redis": fleet_procs.redis_server, "redis-cluster": fleet_procs.redis_cluster,
-                "kafka": fleet_procs.kafka_server}
+                "kafka": fleet_procs.kafka_server, "kafka-cluster": fleet_procs.kafka_cluster}
     with tempfile.TemporaryDirectory(prefix="ferry-fleet-") as scratch, contextlib.ExitStack() as stack:
         brokers = [stack.enter_context(starters[kind]()) for kind in settings.brokers]
         for broker in brokers:

@@ -28,6 +28,7 @@ from broker.redis_url import sync_client
 from broker.transports.kafka_api import KafkaAdminClient
 from broker.transports.kafka_settings import KafkaSettings
 from tests.kafka_server import KafkaServer
+from tests.kafka_cluster import KafkaCluster
 from tests.redis_cluster import RedisCluster, flush_cluster
 from tests.redis_server import RedisServer, flushdb
 from workers.heartbeat import decode_heartbeat
@@ -37,7 +38,7 @@ READY_TIMEOUT_S = 90.0
 
 @dataclass(frozen=True, slots=True)
 class Broker:
-    kind: str  # "redis", "redis-cluster" or "kafka"
+    kind: str  # "redis", "redis-cluster", "kafka" or "kafka-cluster"
     url: str
     pid: int
 
@@ -75,10 +76,18 @@ def kafka_server() -> Iterator[Broker]:
         yield Broker("kafka", f"kafka://{server.bootstrap}", server.pid)
 
 
+@contextlib.contextmanager
+def kafka_cluster() -> Iterator[Broker]:
+    """Three brokers (KRaft); topics get three replicas and min.insync.replicas 2. The pid is
+    the first broker's (the broker CPU column shows that one only)."""
+    with KafkaCluster() as cluster:
+        yield Broker("kafka-cluster", f"kafka://{cluster.bootstrap}", cluster.pid(1))
+
+
 def fresh_url(broker: Broker) -> str:
     """The broker URL for one configuration, which starts where the last did not: Redis
     emptied of every stream, group and heartbeat; on Kafka, topics and groups of its own."""
-    if broker.kind == "kafka":
+    if broker.kind.startswith("kafka"):
         return f"{broker.url}?namespace=bench-{uuid.uuid4().hex[:8]}."
     if broker.kind == "redis-cluster":
         flush_cluster(broker.url)
