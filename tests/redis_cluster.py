@@ -9,6 +9,8 @@ import subprocess
 import time
 from types import TracebackType
 
+import redis
+
 from tests.redis_server import RedisServer, command, free_port
 
 MASTERS = 3
@@ -110,6 +112,24 @@ class RedisCluster:
                 if port in by_port and by_port[port].running:
                     found.append((by_port[port], fields[8:]))
         return found
+
+    def move_slot_of(self, key: str, target: ClusterNodeServer) -> None:
+        """Move the slot holding ``key`` to ``target``, as ``redis-cli --cluster reshard`` does:
+        the slot is marked migrating and importing, its keys MIGRATEd in batches (clients are
+        sent ASK meanwhile), then every master learns its new owner (MOVED from then on)."""
+        source = self.master_of(key)
+        if source is target:
+            raise ValueError(f"{key!r} is on port {target.port} already")
+        with redis.Redis(port=source.port) as src, redis.Redis(port=target.port) as dst:
+            slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+            src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            for node in self.masters():
+                with redis.Redis(port=node.port) as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
 
     def flush(self) -> None:
         """Empty every master (replicas follow)."""

@@ -135,3 +135,35 @@ def test_a_master_killed_under_load_is_replaced_and_no_request_or_job_is_left_ha
     print(f"\nfailover: {REQUESTS - refused} answered, {refused} refused (503/504); jobs: {len(load.jobs)} accepted, "
           f"{len(load.refused_jobs)} refused; {len(computed) - len(set(computed))} computed twice; "
           f"{failover_s:.1f} s from the kill to the last job's final state")
+
+
+def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is_left_hanging(
+    cluster: RedisCluster, tmp_path: Path
+) -> None:
+    # The model's request stream, with its consumer group and its pending entries, is MIGRATEd
+    # while gateways publish to it and workers block reading it: clients meet ASK, then MOVED.
+    record = tmp_path / "computed.txt"
+    write_recording_model(tmp_path / "repo", MODEL, record)
+    requests = REQUESTS // 4
+    with Fleet(cluster.url, tmp_path / "repo", tmp_path) as fleet, \
+            httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_connections=CLIENTS + 4)) as client, \
+            ThreadPoolExecutor(CLIENTS) as pool:
+        gateway = fleet.gateway()
+        fleet.worker("w1", *WORKER)
+        fleet.worker("w2", *WORKER)
+        fleet.wait_model_ready(gateway, MODEL)
+        stream = channels.request_channel(MODEL)
+        source = cluster.master_of(stream)
+        target = next(node for node in cluster.masters() if node is not source)
+        load = Load(gateway)
+        calls = [pool.submit(load.request, client, value) for value in range(requests)]
+        wait_for(lambda: load.answered >= requests // 3, 120.0, "answers before the move")
+        cluster.move_slot_of(stream, target)
+        for call in calls:
+            call.result(timeout=CLIENT_TIMEOUT_S * 3)
+        assert cluster.master_of(stream) is target
+
+    wrong = {v: o for v, o in load.outcomes.items() if o[0] != 200 or o[1] != 2 * v}
+    assert not wrong, f"{len(wrong)} requests not answered right: {dict(list(wrong.items())[:10])}"
+    computed = recorded_values(record)
+    print(f"\nslot moved: {requests} answered right, {len(computed) - len(set(computed))} computed twice")
