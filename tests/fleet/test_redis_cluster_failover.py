@@ -1,8 +1,9 @@
-"""A Redis Cluster master SIGKILLed under load: its replica takes over, and the fleet rides it
-out. 2,000 synchronous requests and 50 async jobs go through a gateway to two workers on a
-three-master cluster; once a third of the requests are answered, the master holding the
-model's request stream is killed. Every request gets exactly one answer (its own, right) or
-a clear error, none waits out a timeout, and every accepted job reaches a final state."""
+"""A Redis Cluster changing under load: a slot moved to another master, and a master
+SIGKILLed, its replica taking over; the fleet rides both out. For the kill, 2,000
+synchronous requests and 50 async jobs go through a gateway to two workers on a three-master
+cluster; once a third of the requests are answered, the master holding the model's request
+stream is killed. Every request gets exactly one answer (its own, right) or a clear error,
+none waits out a timeout, and every accepted job reaches a final state."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ JOB_DEADLINE_S = 120.0
 WORKER = ("--heartbeat-s", "0.5", "--claim-interval-s", "0.5", "--claim-idle-s", "2")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisCluster]:
+    """One cluster for this module: the slot move first, then the kill (it leaves a master down)."""
     with RedisCluster() as started:
         yield started
 
@@ -96,6 +98,38 @@ def job_state(response: httpx.Response) -> str:
     return str(document["status"]) if "job_id" in document else "succeeded"
 
 
+def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is_left_hanging(
+    cluster: RedisCluster, tmp_path: Path
+) -> None:
+    # The model's request stream, with its consumer group and its pending entries, is MIGRATEd
+    # while gateways publish to it and workers block reading it: clients meet ASK, then MOVED.
+    record = tmp_path / "computed.txt"
+    write_recording_model(tmp_path / "repo", MODEL, record)
+    requests = REQUESTS // 4
+    with Fleet(cluster.url, tmp_path / "repo", tmp_path) as fleet, \
+            httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_connections=CLIENTS + 4)) as client, \
+            ThreadPoolExecutor(CLIENTS) as pool:
+        gateway = fleet.gateway()
+        fleet.worker("w1", *WORKER)
+        fleet.worker("w2", *WORKER)
+        fleet.wait_model_ready(gateway, MODEL)
+        stream = channels.request_channel(MODEL)
+        source = cluster.master_of(stream)
+        target = next(node for node in cluster.masters() if node is not source)
+        load = Load(gateway)
+        calls = [pool.submit(load.request, client, value) for value in range(requests)]
+        wait_for(lambda: load.answered >= requests // 3, 120.0, "answers before the move")
+        cluster.move_slot_of(stream, target)
+        for call in calls:
+            call.result(timeout=CLIENT_TIMEOUT_S * 3)
+        assert cluster.master_of(stream) is target
+
+    wrong = {v: o for v, o in load.outcomes.items() if o[0] != 200 or o[1] != 2 * v}
+    assert not wrong, f"{len(wrong)} requests not answered right: {dict(list(wrong.items())[:10])}"
+    computed = recorded_values(record)
+    print(f"\nslot moved: {requests} answered right, {len(computed) - len(set(computed))} computed twice")
+
+
 def test_a_master_killed_under_load_is_replaced_and_no_request_or_job_is_left_hanging(
     cluster: RedisCluster, tmp_path: Path
 ) -> None:
@@ -135,35 +169,3 @@ def test_a_master_killed_under_load_is_replaced_and_no_request_or_job_is_left_ha
     print(f"\nfailover: {REQUESTS - refused} answered, {refused} refused (503/504); jobs: {len(load.jobs)} accepted, "
           f"{len(load.refused_jobs)} refused; {len(computed) - len(set(computed))} computed twice; "
           f"{failover_s:.1f} s from the kill to the last job's final state")
-
-
-def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is_left_hanging(
-    cluster: RedisCluster, tmp_path: Path
-) -> None:
-    # The model's request stream, with its consumer group and its pending entries, is MIGRATEd
-    # while gateways publish to it and workers block reading it: clients meet ASK, then MOVED.
-    record = tmp_path / "computed.txt"
-    write_recording_model(tmp_path / "repo", MODEL, record)
-    requests = REQUESTS // 4
-    with Fleet(cluster.url, tmp_path / "repo", tmp_path) as fleet, \
-            httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_connections=CLIENTS + 4)) as client, \
-            ThreadPoolExecutor(CLIENTS) as pool:
-        gateway = fleet.gateway()
-        fleet.worker("w1", *WORKER)
-        fleet.worker("w2", *WORKER)
-        fleet.wait_model_ready(gateway, MODEL)
-        stream = channels.request_channel(MODEL)
-        source = cluster.master_of(stream)
-        target = next(node for node in cluster.masters() if node is not source)
-        load = Load(gateway)
-        calls = [pool.submit(load.request, client, value) for value in range(requests)]
-        wait_for(lambda: load.answered >= requests // 3, 120.0, "answers before the move")
-        cluster.move_slot_of(stream, target)
-        for call in calls:
-            call.result(timeout=CLIENT_TIMEOUT_S * 3)
-        assert cluster.master_of(stream) is target
-
-    wrong = {v: o for v, o in load.outcomes.items() if o[0] != 200 or o[1] != 2 * v}
-    assert not wrong, f"{len(wrong)} requests not answered right: {dict(list(wrong.items())[:10])}"
-    computed = recorded_values(record)
-    print(f"\nslot moved: {requests} answered right, {len(computed) - len(set(computed))} computed twice")

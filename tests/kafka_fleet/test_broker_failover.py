@@ -1,6 +1,6 @@
-"""One broker of three SIGKILLed under load: 1,000 requests produced by kcat and 1,000 sent
-through the gateway, to two workers, on a cluster whose topics have three replicas and
-``min.insync.replicas`` 2. Every request kcat's produce was acknowledged for is answered on
+"""One broker of three SIGKILLed under load (replication factor 3, ``min.insync.replicas`` 2, as
+ferry creates its topics on three brokers): 1,000 requests produced by kcat and 1,000 sent
+through the gateway, to two workers. Every request kcat's produce was acknowledged for is answered on
 its reply topic, once; every HTTP request gets its own right answer or a clear error, none
 waits out a timeout."""
 
@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from broker import channels
+from tests.broker.test_kafka_transport import topic_settings
 from tests.kafka_cluster import KafkaCluster
 from tests.kafka_fleet.processes import Gateway, KafkaFleet
 from tests.kafka_fleet.test_broker_restart import assert_correct, body
@@ -94,6 +95,8 @@ def test_a_broker_killed_under_load_loses_no_acknowledged_request_and_answers_no
         records = fleet.kcat.read(replies)
         finished_s = time.monotonic() - killed_at
         assert all(worker.running() for worker in workers) and gateway.running(), fleet.describe()
+        live = ",".join(f"127.0.0.1:{port}" for port in cluster.ports[2:] + cluster.ports[:1])
+        assert topic_settings(live, request_topic) == (3, "2")  # as ferry created it
         error_lines = {process.name: len(process.errors()) for process in fleet.processes}
 
     answered = Counter(record.key for record in records)
