@@ -7,6 +7,7 @@ import contextlib
 import io
 from urllib.parse import urlsplit
 
+from broker.redis_url import RedisUrlError, is_redis_url, parse_redis_url
 from ferry.cli.main import build_parser
 
 
@@ -25,8 +26,17 @@ def parse_ferry(argv: list[str], where: str) -> argparse.Namespace:
 
 
 def broker_endpoint(url: str, where: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of a redis:// or kafka:// URL ferry would accept as a shared broker."""
+    """(scheme, host, port) of a redis://, redis+cluster:// (its first node) or kafka:// URL
+    ferry would accept as a shared broker."""
+    if is_redis_url(url):
+        try:
+            target = parse_redis_url(url)
+        except RedisUrlError as exc:
+            raise BadCommand(f"{where}: {exc}") from None
+        (host, port), = target.nodes[:1]
+        return urlsplit(url).scheme, host, port
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "kafka") or parts.hostname is None or parts.port is None:
-        raise BadCommand(f"{where}: {url!r} is not a redis://HOST:PORT or kafka://HOST:PORT broker URL")
+    if parts.scheme != "kafka" or parts.hostname is None or parts.port is None:
+        raise BadCommand(f"{where}: {url!r} is not a redis://HOST:PORT, redis+cluster://HOST:PORT[,...] "
+                         "or kafka://HOST:PORT broker URL")
     return parts.scheme, parts.hostname, parts.port

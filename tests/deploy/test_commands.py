@@ -89,7 +89,7 @@ def check_k8s_container(document: dict, container: dict, argv: list[str], env: d
 
 def test_k8s_commands_parse_for_each_broker_configmap() -> None:
     configmaps = _configmaps()
-    assert set(configmaps) == {"redis", "kafka"}
+    assert set(configmaps) == {"redis", "redis-cluster", "kafka"}
     workloads = [d for path in k8s_files() for d in k8s_documents(path) if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"] for d in workloads} == {"ferry-gateway", "ferry-worker", "ferry-worker-gpu"}
     for variant, data in configmaps.items():
