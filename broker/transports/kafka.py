@@ -58,7 +58,7 @@ from broker.transports.base import SETTLE_S, BaseTransport
 from broker.transports.kafka_api import (
     FAST_CRC, ConfigResource, ConfigResourceType, KafkaAdminClient, KafkaConnectionError, KafkaError,
     KafkaProducer, MessageSizeTooLargeError, OffsetSpec, TopicAlreadyExistsError, TopicPartition,
-    UnknownTopicOrPartitionError, reachable,
+    UnknownBrokerIdError, UnknownTopicOrPartitionError, reachable,
 )  # fmt: skip
 from broker.transports.kafka_marks import ATTEMPTS_HEADER, KEY_HEADER
 from broker.transports.kafka_member import GroupMember
@@ -221,6 +221,12 @@ class KafkaTransport(BaseTransport):
             sent.add_errback(lambda error: _settle(loop, done, None, error))
             try:
                 metadata = await done
+            except UnknownBrokerIdError:
+                # kafka-python (3.0) can keep a dead broker as a partition's leader after the
+                # broker has left the cluster's metadata, failing every send to it for good (seen
+                # with a broker SIGKILLed on a starved host); a new producer reads the metadata afresh.
+                await self._blocking(self._drop_producer)
+                raise
             except MessageSizeTooLargeError:
                 # Refused by a broker limit below the topic's (message.max.bytes). kafka-python's producer
                 # fails every later send after this, so the next send gets a new one.

@@ -28,7 +28,7 @@ with warnings.catch_warnings():
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
     from kafka.errors import (
         KafkaConnectionError, KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError,
-        UnknownTopicOrPartitionError,
+        UnknownBrokerIdError, UnknownTopicOrPartitionError,
     )
     from kafka.record import util as _record_util
     from kafka.structs import MemberState, OffsetAndMetadata
@@ -56,5 +56,5 @@ __all__ = [
     "FAST_CRC", "ConfigResource", "ConfigResourceType", "ConsumerRebalanceListener", "CooperativeStickyAssignor",
     "KafkaAdminClient", "KafkaConnectionError", "KafkaConsumer", "KafkaError", "KafkaProducer", "MemberState",
     "MessageSizeTooLargeError", "OffsetAndMetadata", "OffsetSpec", "TopicAlreadyExistsError", "TopicPartition",
-    "UnknownTopicOrPartitionError", "reachable",
+    "UnknownBrokerIdError", "UnknownTopicOrPartitionError", "reachable",
 ]  # fmt: skip

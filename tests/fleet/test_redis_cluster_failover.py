@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -30,6 +30,7 @@ KILL_AFTER = REQUESTS // 3
 # reply timeout (300 s) instead.
 CLIENT_TIMEOUT_S = 60.0
 JOB_DEADLINE_S = 120.0
+LOAD_DEADLINE_S = 240.0
 WORKER = ("--heartbeat-s", "0.5", "--claim-interval-s", "0.5", "--claim-idle-s", "2")
 
 
@@ -77,6 +78,15 @@ class Load:
                 self.refused_jobs[value] = response.status_code
 
 
+def finish(pool: ThreadPoolExecutor, calls: list[Future[None]], fleet: Fleet) -> None:
+    """Every request answered or refused within LOAD_DEADLINE_S, or the test fails then."""
+    _, unfinished = wait(calls, timeout=LOAD_DEADLINE_S)
+    if unfinished:
+        pool.shutdown(cancel_futures=True)  # those not sent yet stay unsent; the rest time out
+        raise AssertionError(f"{len(unfinished)} of {len(calls)} requests still unanswered after "
+                             f"{LOAD_DEADLINE_S:g} s\n{fleet.describe()}")
+
+
 def job_states(client: httpx.Client, gateway: Gateway, jobs: dict[int, str]) -> dict[int, str]:
     """Each job's state once all are final, or as they are at the deadline."""
     states: dict[int, str] = {}
@@ -120,8 +130,7 @@ def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is
         calls = [pool.submit(load.request, client, value) for value in range(requests)]
         wait_for(lambda: load.answered >= requests // 3, 120.0, "answers before the move")
         cluster.move_slot_of(stream, target)
-        for call in calls:
-            call.result(timeout=CLIENT_TIMEOUT_S * 3)
+        finish(pool, calls, fleet)
         assert cluster.master_of(stream) is target
 
     wrong = {v: o for v, o in load.outcomes.items() if o[0] != 200 or o[1] != 2 * v}
@@ -149,8 +158,7 @@ def test_a_master_killed_under_load_is_replaced_and_no_request_or_job_is_left_ha
         wait_for(lambda: load.answered >= KILL_AFTER, 120.0, f"{KILL_AFTER} answers before the kill")
         victim.crash()
         killed_at = time.monotonic()
-        for call in calls + jobs:
-            call.result(timeout=CLIENT_TIMEOUT_S * 3)
+        finish(pool, calls + jobs, fleet)
         cluster.wait_ok()
         states = job_states(client, gateway, load.jobs)
         failover_s = time.monotonic() - killed_at
