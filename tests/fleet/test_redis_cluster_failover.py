@@ -78,6 +78,15 @@ class Load:
                 self.refused_jobs[value] = response.status_code
 
 
+def serving(fleet: Fleet) -> Gateway:
+    """A gateway and two workers, once the model is ready."""
+    gateway = fleet.gateway()
+    fleet.worker("w1", *WORKER)
+    fleet.worker("w2", *WORKER)
+    fleet.wait_model_ready(gateway, MODEL)
+    return gateway
+
+
 def finish(pool: ThreadPoolExecutor, calls: list[Future[None]], fleet: Fleet) -> None:
     """Every request answered or refused within LOAD_DEADLINE_S, or the test fails then."""
     _, unfinished = wait(calls, timeout=LOAD_DEADLINE_S)
@@ -119,10 +128,7 @@ def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is
     with Fleet(cluster.url, tmp_path / "repo", tmp_path) as fleet, \
             httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_connections=CLIENTS + 4)) as client, \
             ThreadPoolExecutor(CLIENTS) as pool:
-        gateway = fleet.gateway()
-        fleet.worker("w1", *WORKER)
-        fleet.worker("w2", *WORKER)
-        fleet.wait_model_ready(gateway, MODEL)
+        gateway = serving(fleet)
         stream = channels.request_channel(MODEL)
         source = cluster.master_of(stream)
         target = next(node for node in cluster.masters() if node is not source)
@@ -147,10 +153,7 @@ def test_a_master_killed_under_load_is_replaced_and_no_request_or_job_is_left_ha
     with Fleet(cluster.url, tmp_path / "repo", tmp_path) as fleet, \
             httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_connections=CLIENTS + 4)) as client, \
             ThreadPoolExecutor(CLIENTS) as pool:
-        gateway = fleet.gateway()
-        fleet.worker("w1", *WORKER)
-        fleet.worker("w2", *WORKER)
-        fleet.wait_model_ready(gateway, MODEL)
+        gateway = serving(fleet)
         victim = cluster.master_of(channels.request_channel(MODEL))
         load = Load(gateway)
         calls = [pool.submit(load.request, client, value) for value in range(REQUESTS)]
