@@ -56,35 +56,34 @@ def test_statistics_add_up_over_two_workers(redis_url: str, repository: Path, tm
         for _ in range(BAD):
             with pytest.raises(InferenceServerException):
                 add_sub(url, 9)  # max_batch_size is 8
-        client = httpclient.InferenceServerClient(url, network_timeout=30.0)
+        with httpclient.InferenceServerClient(url, network_timeout=30.0) as client:
+            def stats() -> dict:
+                (row,) = client.get_inference_statistics("add_sub")["model_stats"]
+                return row
 
-        def stats() -> dict:
-            (row,) = client.get_inference_statistics("add_sub")["model_stats"]
-            return row
+            def counted() -> tuple[int, int]:
+                inference = stats()["inference_stats"]
+                return inference["success"]["count"], inference["fail"]["count"]
 
-        def counted() -> tuple[int, int]:
-            inference = stats()["inference_stats"]
-            return inference["success"]["count"], inference["fail"]["count"]
+            # Each worker's heartbeat carries its own share: wait for both counts, not the first to arrive.
+            wait_for(lambda: counted() == (GOOD, BAD), 10, "the workers' heartbeats to carry every request", gateway)
+            got = stats()
+            inference = got["inference_stats"]
+            assert (got["name"], got["version"]) == ("add_sub", "1")
+            assert got["inference_count"] == sum(rows)
+            assert inference["fail"]["count"] == BAD
+            for part in ("queue", "compute_input", "compute_infer", "compute_output"):
+                assert inference[part]["count"] == GOOD, part
+                assert inference[part]["ns"] > 0, part
+            assert inference["success"]["ns"] >= inference["queue"]["ns"]
+            batches = got["batch_stats"]
+            assert sum(b["compute_infer"]["count"] for b in batches) == got["execution_count"] > 0
+            assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == sum(rows)
+            assert got["last_inference"] > 0
 
-        # Each worker's heartbeat carries its own share: wait for both counts, not the first to arrive.
-        wait_for(lambda: counted() == (GOOD, BAD), 10, "the workers' heartbeats to carry every request", gateway)
-        got = stats()
-        inference = got["inference_stats"]
-        assert (got["name"], got["version"]) == ("add_sub", "1")
-        assert got["inference_count"] == sum(rows)
-        assert inference["fail"]["count"] == BAD
-        for part in ("queue", "compute_input", "compute_infer", "compute_output"):
-            assert inference[part]["count"] == GOOD, part
-            assert inference[part]["ns"] > 0, part
-        assert inference["success"]["ns"] >= inference["queue"]["ns"]
-        batches = got["batch_stats"]
-        assert sum(b["compute_infer"]["count"] for b in batches) == got["execution_count"] > 0
-        assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == sum(rows)
-        assert got["last_inference"] > 0
-
-        assert client.get_inference_statistics("add_sub", "1")["model_stats"] == [got]
-        everything = {row["name"]: row for row in client.get_inference_statistics()["model_stats"]}
-        assert everything["add_sub"] == got
-        assert everything["text_stats"]["inference_stats"]["success"] == {"count": 0, "ns": 0}
-        with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
-            client.get_inference_statistics("nope")
+            assert client.get_inference_statistics("add_sub", "1")["model_stats"] == [got]
+            everything = {row["name"]: row for row in client.get_inference_statistics()["model_stats"]}
+            assert everything["add_sub"] == got
+            assert everything["text_stats"]["inference_stats"]["success"] == {"count": 0, "ns": 0}
+            with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
+                client.get_inference_statistics("nope")

@@ -7,7 +7,6 @@ import asyncio
 import json
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np

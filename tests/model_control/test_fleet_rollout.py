@@ -28,13 +28,13 @@ def test_version_two_rolls_out_across_two_workers(redis_url: str, tmp_path: Path
         fleet.wait_model_ready(gateway, "adder")
         write_add_version(repo, "adder", 2, 2.0)
         answers, _ = asyncio.run(_roll_out(gateway.url))
-        client = httpclient.InferenceServerClient(gateway.url)
-        wait_for(lambda: [(r["version"], r["state"]) for r in client.get_model_repository_index()] == [("2", "READY")],
-                 10, "version 1 to leave the index", gateway)
-        for worker in workers:
-            loaded = [e for e in worker.log_events() if e.get("event") == "model.loaded" and e.get("version") == 2]
-            unloaded = [e for e in worker.log_events() if e.get("event") == "model.unloaded" and e.get("version") == 1]
-            assert loaded and unloaded, worker.describe()
+        with httpclient.InferenceServerClient(gateway.url) as client:
+            wait_for(lambda: [(r["version"], r["state"]) for r in client.get_model_repository_index()] == [("2", "READY")],
+                     10, "version 1 to leave the index", gateway)
+            for worker in workers:
+                loaded = [e for e in worker.log_events() if e.get("event") == "model.loaded" and e.get("version") == 2]
+                unloaded = [e for e in worker.log_events() if e.get("event") == "model.unloaded" and e.get("version") == 1]
+                assert loaded and unloaded, worker.describe()
     assert len(answers) >= TOTAL
     versions = {version for _, version, _ in answers}
     assert versions == {"1", "2"}, versions

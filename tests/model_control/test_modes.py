@@ -46,28 +46,28 @@ def _refused(call, *args, **kwargs) -> InferenceServerException:
 def test_load_and_unload_are_refused_unless_explicit(tmp_path: Path, mode: str) -> None:
     write_add_version(tmp_path, "adder", 1, 1.0)
     with ferry_serve(tmp_path, "--model-control-mode", mode) as url:
-        client = httpclient.InferenceServerClient(url)
-        for call in (client.load_model, client.unload_model):
-            error = _refused(call, "adder")
-            assert error.status() == "400" and "not allowed" in str(error) and mode in str(error), error
-        assert client.is_model_ready("adder")
-        assert [row["state"] for row in client.get_model_repository_index()] == ["READY"]
+        with httpclient.InferenceServerClient(url) as client:
+            for call in (client.load_model, client.unload_model):
+                error = _refused(call, "adder")
+                assert error.status() == "400" and "not allowed" in str(error) and mode in str(error), error
+            assert client.is_model_ready("adder")
+            assert [row["state"] for row in client.get_model_repository_index()] == ["READY"]
 
 
 def test_poll_mode_serves_a_new_version_once_it_appears(tmp_path: Path) -> None:
     write_add_version(tmp_path, "adder", 1, 1.0)
     with ferry_serve(tmp_path, "--model-control-mode", "poll", "--repository-poll-secs", "0.2") as url:
-        client = httpclient.InferenceServerClient(url)
-        assert _add(client, 1.0)[0] == "1"
-        write_add_version(tmp_path, "adder", 2, 2.0)
-        deadline = time.monotonic() + 30
-        while not client.is_model_ready("adder", "2") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        version, output = _add(client, 1.0)
-        assert version == "2"
-        np.testing.assert_array_equal(output, np.full((1, 4), 3.0, dtype=np.float32))
-        rows = client.get_model_repository_index()
-        assert [(row["version"], row["state"]) for row in rows] == [("2", "READY")], rows
+        with httpclient.InferenceServerClient(url) as client:
+            assert _add(client, 1.0)[0] == "1"
+            write_add_version(tmp_path, "adder", 2, 2.0)
+            deadline = time.monotonic() + 30
+            while not client.is_model_ready("adder", "2") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            version, output = _add(client, 1.0)
+            assert version == "2"
+            np.testing.assert_array_equal(output, np.full((1, 4), 3.0, dtype=np.float32))
+            rows = client.get_model_repository_index()
+            assert [(row["version"], row["state"]) for row in rows] == [("2", "READY")], rows
 
 
 def test_explicit_mode_loads_only_what_it_is_told_behind_an_api_key(tmp_path: Path) -> None:
@@ -78,30 +78,30 @@ def test_explicit_mode_loads_only_what_it_is_told_behind_an_api_key(tmp_path: Pa
     write_warmup_model(repo, "cold", tmp_path / "cold.txt", fail=True, sample="zeros-fail")
     with ferry_serve(repo, "--model-control-mode", "explicit", "--load-model", "adder",
                      "--http-restricted-api", "model-repository:X-Admin-Key=s3cret") as url:
-        client = httpclient.InferenceServerClient(url)
-        for call in (client.get_model_repository_index, lambda: client.load_model("warm"),
-                     lambda: client.unload_model("adder"),
-                     lambda: client.load_model("warm", headers={"x-admin-key": "wrong"})):
-            error = _refused(call)
-            assert error.status() == "403" and "x-admin-key" in str(error), error
-        rows = {row["name"]: row["state"] for row in client.get_model_repository_index(headers=KEY)}
-        assert rows == {"adder": "READY", "warm": "UNAVAILABLE", "cold": "UNAVAILABLE"}
-        assert _ready_index(url) == [{"name": "adder", "version": "1", "state": "READY", "reason": ""}]
-        assert not client.is_model_ready("warm") and not marker.exists()
+        with httpclient.InferenceServerClient(url) as client:
+            for call in (client.get_model_repository_index, lambda: client.load_model("warm"),
+                         lambda: client.unload_model("adder"),
+                         lambda: client.load_model("warm", headers={"x-admin-key": "wrong"})):
+                error = _refused(call)
+                assert error.status() == "403" and "x-admin-key" in str(error), error
+            rows = {row["name"]: row["state"] for row in client.get_model_repository_index(headers=KEY)}
+            assert rows == {"adder": "READY", "warm": "UNAVAILABLE", "cold": "UNAVAILABLE"}
+            assert _ready_index(url) == [{"name": "adder", "version": "1", "state": "READY", "reason": ""}]
+            assert not client.is_model_ready("warm") and not marker.exists()
 
-        client.load_model("warm", headers=KEY)
-        assert client.is_model_ready("warm")
-        assert marker.read_text().split() == ["0", "0", "0"]  # the warmup ran, three times, before ready
+            client.load_model("warm", headers=KEY)
+            assert client.is_model_ready("warm")
+            assert marker.read_text().split() == ["0", "0", "0"]  # the warmup ran, three times, before ready
 
-        error = _refused(client.load_model, "cold", headers=KEY)
-        assert error.status() == "400" and "warmup sample 'zeros-fail'" in str(error), error
-        assert error.message().startswith("failed to load 'cold', "), error  # Triton's words
-        assert not client.is_model_ready("cold")
+            error = _refused(client.load_model, "cold", headers=KEY)
+            assert error.status() == "400" and "warmup sample 'zeros-fail'" in str(error), error
+            assert error.message().startswith("failed to load 'cold', "), error  # Triton's words
+            assert not client.is_model_ready("cold")
 
-        client.unload_model("adder", headers=KEY)
-        assert not client.is_model_ready("adder")
-        assert _refused(_add, client, 1.0).status() == "503"
-        rows = {row["name"]: row for row in client.get_model_repository_index(headers=KEY)}
-        assert rows["adder"]["state"] == "UNAVAILABLE" and rows["adder"]["reason"] == "unloaded"
-        client.load_model("adder", headers=KEY)
-        assert _add(client, 1.0)[0] == "1"
+            client.unload_model("adder", headers=KEY)
+            assert not client.is_model_ready("adder")
+            assert _refused(_add, client, 1.0).status() == "503"
+            rows = {row["name"]: row for row in client.get_model_repository_index(headers=KEY)}
+            assert rows["adder"]["state"] == "UNAVAILABLE" and rows["adder"]["reason"] == "unloaded"
+            client.load_model("adder", headers=KEY)
+            assert _add(client, 1.0)[0] == "1"

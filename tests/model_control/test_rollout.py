@@ -64,7 +64,8 @@ def test_version_two_rolls_out_while_requests_are_in_flight(tmp_path: Path) -> N
     repo = tmp_path / "repo"
     write_add_version(repo, "adder", 1, 1.0)
     with ferry_serve(repo, "--model-control-mode", "explicit", "--load-model", "adder") as url:
-        assert httpclient.InferenceServerClient(url).is_model_ready("adder", "1")
+        with httpclient.InferenceServerClient(url) as client:
+            assert client.is_model_ready("adder", "1")
         write_add_version(repo, "adder", 2, 2.0)
         answers, index = asyncio.run(_roll_out(url))
     assert len(answers) >= TOTAL

@@ -98,22 +98,22 @@ def test_traversal_attempts_are_refused_and_touch_nothing(layout: Path) -> None:
     repo = layout / "repo"
     before = _tree(layout)
     with ferry_serve(repo, "--model-control-mode", "explicit", "--load-model", "adder") as url:
-        client = httpclient.InferenceServerClient(url)
-        for path in RAW_PATHS:
-            status, body = _post(url, path)
-            assert status == 400, (path, status, body)
-            assert "error" in json.loads(body), body
-        for name in ("../outside", "..", ".hidden", "escape", "nope"):
-            with pytest.raises(InferenceServerException) as refused:
-                client.load_model(name)
-            assert refused.value.status() == "400", (name, refused.value)
-        for key in FILE_OVERRIDES:
-            status, body = _post(url, "/v2/repository/models/adder/load", {"parameters": {
-                "config": ONNX_CONFIG, key: base64.b64encode(b"not a model").decode()}})
-            assert status == 400, (key, status, body)
-            assert "load parameter 'file:" in body, (key, body)
-        _refused_configs(client)
-        assert client.is_model_ready("adder", "1")
+        with httpclient.InferenceServerClient(url) as client:
+            for path in RAW_PATHS:
+                status, body = _post(url, path)
+                assert status == 400, (path, status, body)
+                assert "error" in json.loads(body), body
+            for name in ("../outside", "..", ".hidden", "escape", "nope"):
+                with pytest.raises(InferenceServerException) as refused:
+                    client.load_model(name)
+                assert refused.value.status() == "400", (name, refused.value)
+            for key in FILE_OVERRIDES:
+                status, body = _post(url, "/v2/repository/models/adder/load", {"parameters": {
+                    "config": ONNX_CONFIG, key: base64.b64encode(b"not a model").decode()}})
+                assert status == 400, (key, status, body)
+                assert "load parameter 'file:" in body, (key, body)
+            _refused_configs(client)
+            assert client.is_model_ready("adder", "1")
     assert _tree(layout) == before
     assert (layout / "canary.txt").read_bytes() == CANARY
 
@@ -141,17 +141,17 @@ def test_file_overrides_are_served_from_a_directory_ferry_owns(layout: Path) -> 
     repo = layout / "repo"
     before = _tree(repo)
     with ferry_serve(repo, "--model-control-mode", "explicit", "--load-model", "adder") as url:
-        client = httpclient.InferenceServerClient(url)
-        client.load_model("adder", config=ONNX_CONFIG, files={"file:7/model.onnx": add_model_bytes(7.0)})
-        written = [p for p in (layout / "tmp").glob("ferry-override-*/**/*") if p.is_file()]
-        # The gateway reads the model from its own copy (its config), the worker serves its own.
-        assert written and {p.relative_to(layout / "tmp").parts[1:] for p in written} == {("adder", "7", "model.onnx")}
-        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-        tensor.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
-        result = client.infer("adder", [tensor])
-        assert result.get_response()["model_version"] == "7"
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), 7.0, dtype=np.float32))
-        client.load_model("adder")  # back to the repository's files: the override directory goes
-        assert client.is_model_ready("adder", "1")
-        assert not any((layout / "tmp").glob("ferry-override-*"))
+        with httpclient.InferenceServerClient(url) as client:
+            client.load_model("adder", config=ONNX_CONFIG, files={"file:7/model.onnx": add_model_bytes(7.0)})
+            written = [p for p in (layout / "tmp").glob("ferry-override-*/**/*") if p.is_file()]
+            # The gateway reads the model from its own copy (its config), the worker serves its own.
+            assert written and {p.relative_to(layout / "tmp").parts[1:] for p in written} == {("adder", "7", "model.onnx")}
+            tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+            result = client.infer("adder", [tensor])
+            assert result.get_response()["model_version"] == "7"
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), 7.0, dtype=np.float32))
+            client.load_model("adder")  # back to the repository's files: the override directory goes
+            assert client.is_model_ready("adder", "1")
+            assert not any((layout / "tmp").glob("ferry-override-*"))
     assert _tree(repo) == before
