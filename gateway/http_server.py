@@ -49,29 +49,50 @@ class ConnectionLimits(BaseModel):
     max_header_bytes: int = Field(64 * 1024, ge=1024)
 
 
-def serve(app: ASGIApp, host: str, port: int, limits: ConnectionLimits, reuse_port: bool = False) -> None:
-    """Serve ``app`` until SIGTERM or SIGINT. With ``reuse_port``, other processes
-    listening on the same port with it share the connections (``SO_REUSEPORT``:
-    the kernel spreads new connections over the listeners, and when one dies the
-    others take its share)."""
+def serve(app: ASGIApp, host: str, port: int, limits: ConnectionLimits, reuse_port: bool = False,
+          extra_ports: tuple[int, ...] = ()) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT, on ``port`` and ``extra_ports`` (a
+    platform contract's; the app tells them apart by the port in its scope). With
+    ``reuse_port``, other processes listening on the same ports with it share the
+    connections (``SO_REUSEPORT``: the kernel spreads new connections over the
+    listeners, and when one dies the others take its share)."""
     config = uvicorn.Config(
         app, host=host, port=port, loop="uvloop", lifespan="on", access_log=False, log_level="warning",
         # uvicorn calls it with its own arguments, as it would the class.
         http=functools.partial(GuardedHttpTools, limits=limits, refusals=Refusals()),  # type: ignore[arg-type]
         log_config=None,  # its records reach the root handler configure_logging set: JSON like ours
     )
-    sockets = [shared_port_socket(host, port)] if reuse_port else None
+    sockets = None
+    if reuse_port or extra_ports:
+        sockets = []
+        for each in (port, *extra_ports):
+            try:
+                sockets.append(port_socket(host, each, reuse_port))
+            except OSError as exc:
+                for sock in sockets:
+                    sock.close()
+                raise SystemExit(f"ferry: cannot listen on {host}:{each}: {exc.strerror or exc}") from None
     uvicorn.Server(config).run(sockets=sockets)
 
 
 def shared_port_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` with ``SO_REUSEPORT``; ``listen`` is left to its server."""
+    return port_socket(host, port, reuse_port=True)
+
+
+def port_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A socket bound to ``host:port`` (``SO_REUSEPORT`` if asked); ``listen`` is left to its server."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(address)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 

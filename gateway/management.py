@@ -81,8 +81,13 @@ class ModelManager:
         return self._catalog.states(ready_only)
 
     async def load(self, name: str, parameters: Any) -> None:
+        """Triton's load: ``parameters`` is the request's, overrides and all."""
+        self._allowed("load", name)
+        await self.load_with(name, parse_load_parameters(name, parameters))
+
+    async def load_with(self, name: str, overrides: LoadOverrides) -> None:
+        """A load whose overrides are already built (a platform's model archive)."""
         control = self._allowed("load", name)
-        overrides = parse_load_parameters(name, parameters)
         async with self._lock:
             entry, owned = self._resolve(name, overrides)
             try:

@@ -35,14 +35,16 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60
 
 
 @contextlib.contextmanager
-def ferry_serve(repository: Path, *extra: str, log_path: Path | None = None) -> Iterator[str]:
-    """Run ``ferry serve`` on ``repository``; yield its base URL (host:port)."""
+def ferry_serve(repository: Path, *extra: str, log_path: Path | None = None,
+                env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``ferry serve`` on ``repository`` (``env`` added to its environment); yield its base URL (host:port)."""
     port = free_port()
     command = [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(repository),
                "--http-port", str(port), "--host", "127.0.0.1", "--log-format", "json",
                "--grpc-port", "0", *extra]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-    process = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(command, stdout=log, stderr=log,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     url = f"127.0.0.1:{port}"
     try:
         wait_ready(f"http://{url}", process)

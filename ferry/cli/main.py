@@ -11,13 +11,14 @@ import uvloop
 from broker.redis_url import is_redis_url
 from ferry.cli import lag, speech
 from ferry.cli.options import common_options, http_options, worker_options
-from ferry.cli.settings import connection_limits, serve_settings, worker_process_settings
+from ferry.cli.settings import connection_limits, sagemaker, serve_settings, vertex, worker_process_settings
 from ferry.processes.http_workers import default_http_workers, run_http_workers
 from ferry.wiring.gateway import build_gateway_app
 from ferry.wiring.serve import build_app
 from ferry.wiring.worker import run_worker
 from gateway.http_server import serve
 from gateway.logs import configure_logging
+from gateway.platforms.sagemaker import SageMakerSettings
 
 
 SHARED = "redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...] or kafka://HOST:PORT[,HOST:PORT]"
@@ -64,22 +65,42 @@ def main(argv: list[str] | None = None) -> None:
     if args.trace_exporter == "jsonl" and args.trace_file is None:
         raise SystemExit("ferry: --trace-exporter jsonl needs --trace-file")
     if args.command in ("serve", "gateway"):
-        # Shared memory regions are registered with one process, and SO_REUSEPORT lets no client pick it.
-        default_workers = 1 if args.allow_client_shm else default_http_workers()
+        multi_model = _check_platforms(args)
+        # Shared memory regions (and SageMaker's multi-model list) live in one process, and SO_REUSEPORT
+        # lets no client pick it.
+        one_process = args.allow_client_shm or multi_model
+        default_workers = 1 if one_process else default_http_workers()
         workers = default_workers if args.http_workers is None else args.http_workers
         if workers < 1:
             raise SystemExit("ferry: --http-workers must be at least 1")
         if workers > 1 and args.allow_client_shm:
             raise SystemExit("ferry: --allow-client-shm needs --http-workers 1: a shared memory region is "
                              "registered with one HTTP process, and a client cannot choose which one it reaches")
+        if workers > 1 and multi_model:
+            raise SystemExit("ferry: SageMaker's multi-model endpoints need --http-workers 1: the models loaded "
+                             "through /models are listed by the one process that loaded them")
         limits = connection_limits(args)
         args.http_workers = workers  # each process's gRPC server shares its port with the others' above 1
         if workers > 1:
             raise SystemExit(run_http_workers(args, workers))
         build = build_app if args.command == "serve" else build_gateway_app
-        serve(build(serve_settings(args)), args.host, args.http_port, limits)
+        settings = serve_settings(args)
+        serve(build(settings), args.host, args.http_port, limits, extra_ports=settings.platform_ports)
     elif args.command == "worker":
         uvloop.run(run_worker(worker_process_settings(args)))
+
+
+def _check_platforms(args: argparse.Namespace) -> bool:
+    """Check the platform contracts' ports; switch SageMaker's multi-model endpoints to
+    explicit model control, as Triton's SageMaker start-up does. Whether they are on."""
+    platforms = [p for p in (sagemaker(args), vertex(args)) if p is not None]
+    ports = [args.http_port, *(p.port for p in platforms)]
+    if len(set(ports)) != len(ports):
+        raise SystemExit(f"ferry: the HTTP port and the platform ports must differ, got {ports}")
+    multi_model = any(isinstance(p, SageMakerSettings) and p.multi_model for p in platforms)
+    if multi_model and args.model_control_mode == "none":
+        args.model_control_mode = "explicit"
+    return multi_model
 
 
 if __name__ == "__main__":

@@ -88,7 +88,27 @@ def http_options() -> argparse.ArgumentParser:
                          metavar="true|false", help="serve Triton's gRPC protocol beside HTTP (Triton's flag)")
     options.add_argument("--server-name", default=SERVER_NAME,
                          help="the name GET /v2 reports (say `triton`, for tools that check it)")
+    platform_options(options)
     return options
+
+
+def platform_options(options: argparse.ArgumentParser) -> None:
+    """SageMaker's and Vertex AI's container contracts, each on a port of its own (docs/platforms.md)."""
+    options.add_argument("--sagemaker", action=argparse.BooleanOptionalAction, default=None,
+                         help="answer SageMaker's /ping, /invocations and multi-model /models routes (default: on "
+                              "when SageMaker's SAGEMAKER_* environment is set)")
+    options.add_argument("--sagemaker-port", type=int, default=None,
+                         help="their port (default: SAGEMAKER_BIND_TO_PORT, else 8080)")
+    options.add_argument("--sagemaker-default-model", default="",
+                         help="the model /invocations serves (default: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME, "
+                              "else the repository's only model)")
+    options.add_argument("--vertex-ai", action=argparse.BooleanOptionalAction, default=None,
+                         help="answer Vertex AI's AIP_HEALTH_ROUTE and AIP_PREDICT_ROUTE (default: on when "
+                              "AIP_MODE=PREDICTION)")
+    options.add_argument("--vertex-ai-port", type=int, default=None,
+                         help="their port (default: AIP_HTTP_PORT, else 8080)")
+    options.add_argument("--vertex-ai-default-model", default="",
+                         help="the model predictions come from (default: the repository's only model)")
 
 
 def _true_or_false(text: str) -> bool:

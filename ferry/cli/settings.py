@@ -17,6 +17,8 @@ from gateway.grpc.server import GrpcSettings
 from gateway.http_server import ConnectionLimits
 from gateway.management import ManagementSettings
 from gateway.management_http import Restriction
+from gateway.platforms.sagemaker import SageMakerSettings, in_sagemaker
+from gateway.platforms.vertex import VertexSettings, in_vertex
 from gateway.service import ServiceSettings
 from workers.control.messages import ControlSettings
 from workers.deadletter import DeadLetterSettings
@@ -50,6 +52,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         claims=claims(args),
         management=ManagementSettings(control(args), args.model_load_timeout_s),
         telemetry=telemetry(args),
+        sagemaker=sagemaker(args),
+        vertex=vertex(args),
     )
     if args.http_restricted_api:
         try:
@@ -112,3 +116,30 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         error = exc.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-")
         raise SystemExit(f"ferry: {flag}: {error['msg']}") from None
+
+
+def sagemaker(args: argparse.Namespace) -> SageMakerSettings | None:
+    """SageMaker's routes: on with ``--sagemaker`` or in SageMaker's environment, off with ``--no-sagemaker``."""
+    if not (in_sagemaker() if args.sagemaker is None else args.sagemaker):
+        return None
+    try:
+        return SageMakerSettings.from_environment(port=args.sagemaker_port,
+                                                  default_model=args.sagemaker_default_model or None)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise SystemExit(f"ferry: --sagemaker: {error['loc'][0]}: {error['msg']}") from None
+
+
+def vertex(args: argparse.Namespace) -> VertexSettings | None:
+    """Vertex AI's routes: on with ``--vertex-ai`` or with ``AIP_MODE=PREDICTION``, off with ``--no-vertex-ai``."""
+    if not (in_vertex() if args.vertex_ai is None else args.vertex_ai):
+        return None
+    try:
+        return VertexSettings.from_environment(port=args.vertex_ai_port,
+                                               default_model=args.vertex_ai_default_model or None,
+                                               max_body_bytes=args.max_body_bytes)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise SystemExit(f"ferry: --vertex-ai: {error['loc'][0]}: {error['msg']}") from None
+    except ValueError as exc:
+        raise SystemExit(f"ferry: --vertex-ai: {exc}") from None

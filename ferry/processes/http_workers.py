@@ -47,15 +47,22 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
             if not args.claim_check_store:
                 args.claim_check_store = "shm"  # every process is on this host (docs/claim-check.md)
             args.broker = stack.enter_context(EmbeddedValkey()).url
-        try:
-            reserved = stack.enter_context(shared_port_socket(args.host, args.http_port))
-        except OSError as exc:
-            raise SystemExit(f"ferry: cannot listen on {args.host}:{args.http_port}: {exc.strerror or exc}") from None
-        port = int(reserved.getsockname()[1])
+        port = _reserve(stack, args.host, args.http_port)
+        for platform_port in serve_settings(args).platform_ports:
+            _reserve(stack, args.host, platform_port)
         children = [_gateway(args, port, index) for index in range(count)]
         if args.command == "serve":
             children.insert(0, _worker(args))
         return Supervisor(children).run()
+
+
+def _reserve(stack: ExitStack, host: str, port: int) -> int:
+    """Bind ``port`` for the command's life (the children share it); its number."""
+    try:
+        reserved = stack.enter_context(shared_port_socket(host, port))
+    except OSError as exc:
+        raise SystemExit(f"ferry: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return int(reserved.getsockname()[1])
 
 
 def _gateway(args: argparse.Namespace, port: int, index: int) -> Child:
@@ -64,7 +71,8 @@ def _gateway(args: argparse.Namespace, port: int, index: int) -> Child:
     def run() -> None:
         # Built in the child, so that each process has a gateway id of its own.
         settings = serve_settings(gateway_args)
-        serve(build_gateway_app(settings), gateway_args.host, port, connection_limits(gateway_args), reuse_port=True)
+        serve(build_gateway_app(settings), gateway_args.host, port, connection_limits(gateway_args), reuse_port=True,
+              extra_ports=settings.platform_ports)
 
     return Child(f"http-{index}", run)
 

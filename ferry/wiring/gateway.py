@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from broker.transports import open_transport
 from ferry.wiring.lifecycle import close_later, start_all
@@ -21,7 +22,7 @@ from workers.repository.layout import ModelRepository
 from workers.telemetry.tracing import GATEWAY_SERVICE, open_tracing
 
 
-def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> Starlette:
+def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> ASGIApp:
     """The HTTP gateway alone; everything starts in its lifespan."""
     transport = open_transport(settings.broker_url)
     prefix = settings.service.channel_prefix

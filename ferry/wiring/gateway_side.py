@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from broker.claims.check import Claims
 from broker.replies import ReplyRouter
@@ -31,6 +31,9 @@ from gateway.service import InferenceService
 from gateway.grpc.server import GrpcServer
 from gateway.grpc.servicer import GrpcParts
 from gateway.logs import PROCESS_LOGS
+from gateway.platforms.ports import PortDispatch
+from gateway.platforms.sagemaker import SageMakerApp
+from gateway.platforms.vertex import VertexApp
 from gateway.shared_memory.regions import SharedMemoryRegions
 from gateway.statistics import Statistics
 from gateway.tracing import gateway_tracer
@@ -88,10 +91,18 @@ class GatewaySide:
         return cls(router, service, jobs, manager, metrics, build_dashboard(catalog, sources.beats, metrics),
                    regions, statistics, traces, grpc)
 
-    def app(self, settings: ServeSettings, lifespan: Lifespan) -> Starlette:
-        return create_app(self.service, settings.http, lifespan, jobs=self.jobs, manager=self.manager,
+    def app(self, settings: ServeSettings, lifespan: Lifespan) -> ASGIApp:
+        """The V2 app; with a platform contract on, that contract's app answers on its own port."""
+        main = create_app(self.service, settings.http, lifespan, jobs=self.jobs, manager=self.manager,
                           metrics=self.metrics, dashboard=self.dashboard, regions=self.regions,
                           statistics=self.statistics, traces=self.traces)
+        platforms: dict[int, ASGIApp] = {}
+        if settings.sagemaker is not None:
+            platforms[settings.sagemaker.port] = SageMakerApp(main, self.service.catalog, self.manager,
+                                                              settings.sagemaker).app()
+        if settings.vertex is not None:
+            platforms[settings.vertex.port] = VertexApp(main, self.service.catalog, settings.vertex).app()
+        return PortDispatch(main, platforms) if platforms else main
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Start each part and have ``stack`` close it, in the reverse order."""

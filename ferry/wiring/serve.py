@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from broker.transport import Transport
 from broker.transports import open_transport
@@ -29,7 +30,7 @@ from workers.repository.layout import ModelRepository
 from workers.telemetry.tracing import SERVE_SERVICE, open_tracing
 
 
-def build_app(settings: ServeSettings, transport: Transport | None = None) -> Starlette:
+def build_app(settings: ServeSettings, transport: Transport | None = None) -> ASGIApp:
     """The whole stack as an ASGI app; everything starts in its lifespan."""
     transport = transport or open_transport(settings.broker_url)
     prefix = settings.service.channel_prefix

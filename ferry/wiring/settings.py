@@ -11,6 +11,8 @@ from gateway.app import HttpSettings
 from gateway.grpc.server import GrpcSettings
 from gateway.jobs import DEFAULT_TTL_S
 from gateway.management import ManagementSettings
+from gateway.platforms.sagemaker import SageMakerSettings
+from gateway.platforms.vertex import VertexSettings
 from gateway.service import ServiceSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.telemetry.settings import TelemetrySettings
@@ -35,6 +37,12 @@ class ServeSettings:
     claims: ClaimSettings = ClaimSettings()
     management: ManagementSettings = ManagementSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
+    sagemaker: SageMakerSettings | None = None  # SageMaker's routes on a port of their own
+    vertex: VertexSettings | None = None  # Vertex AI's routes on a port of their own
+
+    @property
+    def platform_ports(self) -> tuple[int, ...]:
+        return tuple(p.port for p in (self.sagemaker, self.vertex) if p is not None)
 
 
 @dataclass(frozen=True, slots=True)

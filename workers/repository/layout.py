@@ -122,9 +122,12 @@ class ModelRepository:
 
         A load request's overrides replace the config (``config``, parsed
         values whose name is already checked) or the whole directory (``path``,
-        a directory ferry wrote); the name is checked either way."""
-        repository_dir = self._model_dir(name)
-        path = path or repository_dir
+        a directory ferry wrote, which may serve a model the repository lacks, as
+        Triton's file overrides may); the name is checked either way."""
+        if path is None:
+            path = self._model_dir(name)
+        elif not is_safe_name(name):
+            raise InvalidModelName(f"{name!r} is not a valid model name")
         config_path = path / CONFIG_FILENAME
         raw = _raw_config(config_path, name) if config is None else {**config, "name": name}
         available = _version_dirs(path)

@@ -22,6 +22,7 @@ from workers.ensemble.runner import EnsembleRunner
 from workers.formats.envelope import EnvelopeFormat, MessageFormat
 from workers.model_loader import ModelLoader, RunnerFactory
 from workers.model_set import ModelSet, Served
+from workers.repository.config import ModelConfig
 from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex
 from workers.repository.overrides import LoadOverrides
 from workers.runner import Clocks, ModelRunner, Runner
@@ -165,6 +166,11 @@ class Worker:
 
     def _new_runner(self, entry: ModelEntry, version: int) -> Runner:
         if entry.config.ensemble_scheduling is not None:
-            return EnsembleRunner(entry, version, self._steps, lambda name: self._repository.entry(name).config,
+            return EnsembleRunner(entry, version, self._steps, self._step_config,
                                   self._settings.channel_prefix, Clocks(wall_ns=self._wall_ns))
         return ModelRunner(entry, version, state_store=self._sessions.state_store, observer=self._observer)
+
+    def _step_config(self, name: str) -> ModelConfig:
+        """A step model's config: as loaded here (overrides included), else as the repository has it."""
+        served = self._models.get(name)
+        return served.entry.config if served is not None else self._repository.entry(name).config
