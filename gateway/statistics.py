@@ -19,10 +19,6 @@ from gateway.dashboard_sampler import WorkerBeats
 from workers.errors import ModelNotFound
 from workers.telemetry.triton_stats import DURATIONS, valid_wire
 
-# Triton reports these too; ferry has no response cache yet, so they stay 0.
-_ALWAYS_ZERO = ("cache_hit", "cache_miss")
-
-
 class _Sums:
     """One model version's numbers, added up over the workers."""
 
@@ -50,7 +46,6 @@ class _Sums:
 
     def render(self, name: str, version: str) -> dict[str, Any]:
         inference = {key: {"count": count, "ns": ns} for key, (count, ns) in self.durations.items()}
-        inference.update({key: {"count": 0, "ns": 0} for key in _ALWAYS_ZERO})
         batches = [{"batch_size": size,
                     "compute_input": {"count": count, "ns": input_ns},
                     "compute_infer": {"count": count, "ns": infer_ns},

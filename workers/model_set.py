@@ -66,6 +66,14 @@ class ModelSet:
     def decoupled(self, model: str) -> bool:
         return any(r.config.decoupled for r in self.runners(model).values())
 
+    def cached(self, model: str) -> bool:
+        """Whether its answers may be cached: ``response_cache`` on, and neither decoupled nor a sequence model."""
+        served = self._served.get(model)
+        if served is None:
+            return False
+        config = served.entry.config
+        return config.response_cache.enable and not config.decoupled and config.sequence_batching is None
+
     def retries_failures(self, model: str) -> bool:
         return all(r.retries_failures for r in self.runners(model).values())
 

@@ -135,6 +135,10 @@ def worker_options() -> argparse.ArgumentParser:
     options.add_argument("--dead-letter-max-bytes", type=int, default=DeadLetterSettings().max_bytes,
                          help="what those letters may add up to: each is at most this divided by "
                               "--dead-letter-max-count bytes, a longer payload cut to its first bytes")
+    options.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+                         help="the response cache for models with response_cache { enable: true }: "
+                              "local,size=BYTES (this worker's memory) or redis,host=H[,port=P,db=N,user=U,"
+                              "password=X,tls=true,ttl_s=S] (shared by the fleet); repeatable, as in Triton")
     options.add_argument("--session-store", default="",
                          help="where stateful models checkpoint sequences: redis://HOST:PORT/DB (default: the "
                               "broker's Redis; on Kafka, none unless given)")

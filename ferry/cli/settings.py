@@ -20,7 +20,9 @@ from gateway.management_http import Restriction
 from gateway.platforms.sagemaker import SageMakerSettings, in_sagemaker
 from gateway.platforms.vertex import VertexSettings, in_vertex
 from gateway.service import ServiceSettings
+from workers.cache.settings import CacheSettings, parse_cache_config
 from workers.control.messages import ControlSettings
+from workers.errors import ConfigError
 from workers.deadletter import DeadLetterSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.recovery import RecoverySettings
@@ -32,7 +34,7 @@ def worker_process_settings(args: argparse.Namespace) -> WorkerProcessSettings:
     return WorkerProcessSettings(
         args.model_repository, args.broker, worker_settings(args), HeartbeatSettings(args.heartbeat_s),
         job_store_url=args.job_store, session_store_url=args.session_store, telemetry=telemetry(args),
-        claim_store_url=args.claim_check_store, claims=claims(args),
+        claim_store_url=args.claim_check_store, claims=claims(args), cache=cache(args),
     )
 
 
@@ -63,7 +65,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         settings = replace(settings, http=replace(settings.http, restriction=restriction))
     if args.command != "serve":
         return settings
-    return replace(settings, worker=worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s))
+    return replace(settings, worker=worker_settings(args), heartbeat=HeartbeatSettings(args.heartbeat_s),
+                   cache=cache(args))
 
 
 def worker_settings(args: argparse.Namespace) -> WorkerSettings:
@@ -143,3 +146,10 @@ def vertex(args: argparse.Namespace) -> VertexSettings | None:
         raise SystemExit(f"ferry: --vertex-ai: {error['loc'][0]}: {error['msg']}") from None
     except ValueError as exc:
         raise SystemExit(f"ferry: --vertex-ai: {exc}") from None
+
+
+def cache(args: argparse.Namespace) -> CacheSettings | None:
+    try:
+        return parse_cache_config(args.cache_config)
+    except ConfigError as exc:
+        raise SystemExit(f"ferry: {exc}") from None

@@ -21,7 +21,9 @@ from broker.transports import open_transport
 from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.gateway_side import GatewaySide, Sources
 from ferry.wiring.settings import ServeSettings
-from ferry.wiring.stores import claim_store_url, live_workers, open_claims, open_heartbeats, open_jobs_store
+from ferry.wiring.stores import (
+    claim_store_url, live_workers, open_cache, open_claims, open_heartbeats, open_jobs_store,
+)
 from ferry.wiring.worker_side import WorkerSide
 from gateway.catalog import ModelCatalog
 from gateway.dashboard import local_beats
@@ -39,8 +41,9 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> AS
     tracing = open_tracing(settings.telemetry.trace, SERVE_SERVICE)
     claims = open_claims(claim_store_url(settings.broker_url, settings.claim_store_url, settings.job_store_url),
                          settings.claims, prefix)
+    cache = open_cache(settings.cache, prefix)
     back = WorkerSide.build(transport, repository, settings.worker, settings.telemetry, tracing, job_gate=store,
-                            claims=claims)
+                            claims=claims, cache=cache)
     worker, stats = back.worker, back.stats
     heartbeats = open_heartbeats(settings.broker_url, transport, worker.worker_id, prefix)
     heartbeat = None if heartbeats is None else back.heartbeat(heartbeats, settings.heartbeat)
@@ -55,7 +58,7 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> AS
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            close_later(stack, tracing, transport, heartbeats, claims)
+            close_later(stack, tracing, transport, heartbeats, claims, cache)
             # The worker first: the dashboard's first sample and the metrics see its models loaded.
             # On the in-memory broker nothing outlives the process: no drain.
             await back.start(stack, catalog.index, drain=heartbeat is not None)

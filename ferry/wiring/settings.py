@@ -14,6 +14,7 @@ from gateway.management import ManagementSettings
 from gateway.platforms.sagemaker import SageMakerSettings
 from gateway.platforms.vertex import VertexSettings
 from gateway.service import ServiceSettings
+from workers.cache.settings import CacheSettings
 from workers.heartbeat import HeartbeatSettings
 from workers.telemetry.settings import TelemetrySettings
 from workers.worker import WorkerSettings
@@ -37,6 +38,7 @@ class ServeSettings:
     claims: ClaimSettings = ClaimSettings()
     management: ManagementSettings = ManagementSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
+    cache: CacheSettings | None = None  # --cache-config: the worker's response cache
     sagemaker: SageMakerSettings | None = None  # SageMaker's routes on a port of their own
     vertex: VertexSettings | None = None  # Vertex AI's routes on a port of their own
 
@@ -58,3 +60,4 @@ class WorkerProcessSettings:
     claim_store_url: str = ""
     claims: ClaimSettings = ClaimSettings()
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    cache: CacheSettings | None = None

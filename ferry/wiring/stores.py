@@ -25,6 +25,10 @@ from broker.claims.shm_store import ShmClaims
 from broker.redis_url import is_redis_url
 from broker.transport import Transport
 from gateway.jobs import DEFAULT_TTL_S, JobStore, RedisJobStore, open_job_store
+from workers.cache.cached import AnswerCache
+from workers.cache.local import LocalCache
+from workers.cache.redis_cache import RedisCache
+from workers.cache.settings import CacheSettings
 from workers.heartbeat import HeartbeatStore, RedisHeartbeats
 from workers.heartbeat_channel import ChannelHeartbeats
 from workers.sequences.sessions import LocalSessions, SessionRouting
@@ -99,6 +103,15 @@ def open_claims(url: str, settings: ClaimSettings, prefix: str = channels.PREFIX
         return ClaimCheck(ShmClaims(ttl_s=settings.ttl_s), settings)
     raise ValueError(f"--claim-check-store: expected redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,...], shm or none, "
                      f"got {url!r}")
+
+
+def open_cache(settings: CacheSettings | None, prefix: str = channels.PREFIX) -> AnswerCache | None:
+    """The response cache ``--cache-config`` names: this worker's memory, or a Redis the fleet shares."""
+    if settings is None:
+        return None
+    if settings.kind == "local":
+        return AnswerCache(LocalCache(settings.size_bytes))
+    return AnswerCache(RedisCache(settings.url, settings.ttl_s, prefix))
 
 
 def live_workers(heartbeats: HeartbeatStore | None, local_worker: str) -> Callable[[], Awaitable[set[str]]]:

@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry
 from broker.transports import open_transport
 from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.settings import WorkerProcessSettings
-from ferry.wiring.stores import claim_store_url, open_claims, open_heartbeats, open_job_gate, open_sessions
+from ferry.wiring.stores import (
+    claim_store_url, open_cache, open_claims, open_heartbeats, open_job_gate, open_sessions,
+)
 from ferry.wiring.worker_http import WorkerHealth, WorkerHttp, worker_http_app
 from ferry.wiring.worker_side import WorkerSide
 from workers.repository.layout import ModelRepository
@@ -53,9 +55,10 @@ async def _serve(settings: WorkerProcessSettings, health: WorkerHealth, stack: c
     sessions = open_sessions(settings.broker_url, worker_id, heartbeats, settings.session_store_url, prefix)
     claims = open_claims(claim_store_url(settings.broker_url, settings.claim_store_url, settings.job_store_url),
                          settings.claims, prefix)
-    close_later(stack, tracing, transport, heartbeats, job_gate, sessions, claims)
+    cache = open_cache(settings.cache, prefix)
+    close_later(stack, tracing, transport, heartbeats, job_gate, sessions, claims, cache)
     back = WorkerSide.build(transport, ModelRepository(settings.model_repository), settings.worker,
-                            settings.telemetry, tracing, job_gate, sessions, claims)
+                            settings.telemetry, tracing, job_gate, sessions, claims, cache)
     http = _worker_http(settings.telemetry, health, back.stats, worker_id)
     await start_all(stack, http)  # liveness answers while models load
     await back.start(stack)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from broker.claims.check import Claims, NoClaims
 from broker.transport import Transport
 from ferry.wiring.lifecycle import close_later, start_all
+from workers.cache.cached import AnswerCache
 from workers.control.listener import ControlListener
 from workers.formats.v2_json import V2MessageFormat
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore
@@ -35,11 +36,13 @@ class WorkerSide:
     @classmethod
     def build(cls, transport: Transport, repository: ModelRepository, settings: WorkerSettings,
               telemetry: TelemetrySettings, tracing: Tracing | None, job_gate: JobGate | None,
-              sessions: SessionRouting | None = None, claims: Claims = NoClaims()) -> WorkerSide:
+              sessions: SessionRouting | None = None, claims: Claims = NoClaims(),
+              cache: AnswerCache | None = None) -> WorkerSide:
         stats = StatsBook() if telemetry.metrics else None
         # V2 JSON as well as envelopes: external producers write requests straight onto the channels.
         worker = Worker(transport, repository, settings, job_gate=job_gate, message_format=V2MessageFormat(),
-                        sessions=sessions, observer=worker_observers(telemetry, stats, tracing), claims=claims)
+                        sessions=sessions, observer=worker_observers(telemetry, stats, tracing), claims=claims,
+                        cache=cache)
         control = settings.control
         poller = RepositoryPoller(repository, worker, control.poll_s) if control.mode == "poll" else None
         return cls(worker, ControlListener(transport, worker, control, settings.channel_prefix), poller, stats)

@@ -150,6 +150,10 @@ class TransactionPolicy(_Model):
     decoupled: Annotated[bool, Strict()] = False
 
 
+class ResponseCacheConfig(_Model):
+    enable: Annotated[bool, Strict()] = False
+
+
 class ModelConfig(_Model):
     name: Name
     platform: StrictStr = ""
@@ -169,6 +173,7 @@ class ModelConfig(_Model):
     default_model_filename: StrictStr = ""
     optimization: Optimization | None = None
     model_warmup: Warmup = ()
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()
 
     @property
     def batching_enabled(self) -> bool:

@@ -66,13 +66,18 @@ def _counters(items: list[tuple[list[str], ModelStats]]) -> Iterator[Metric]:
                                   labels=[*VERSIONED, "reason"])
     rows = CounterMetricFamily("ferry_inference_count", "Rows inferred by successful requests.", labels=VERSIONED)
     batches = CounterMetricFamily("ferry_inference_exec_count", "Batches executed.", labels=VERSIONED)
+    hits = CounterMetricFamily("ferry_cache_hits", "Requests answered from the response cache.", labels=VERSIONED)
+    misses = CounterMetricFamily("ferry_cache_misses", "Requests looked up in the response cache and computed.",
+                                 labels=VERSIONED)
     for labels, stats in items:
         success.add_metric(labels, stats.success)
         for reason, count in sorted(stats.failures.items()):
             failure.add_metric([*labels, reason], count)
         rows.add_metric(labels, stats.inferences)
         batches.add_metric(labels, stats.executions)
-    yield from (success, failure, rows, batches)
+        hits.add_metric(labels, stats.cache_hits)
+        misses.add_metric(labels, stats.cache_misses)
+    yield from (success, failure, rows, batches, hits, misses)
 
 
 def _dead_letters(counts: DeadLetterStats) -> Iterator[Metric]:

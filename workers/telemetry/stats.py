@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.telemetry.histogram import BATCH_BOUNDS, DURATION_BOUNDS, Histogram
-from workers.telemetry.timeline import RELEASED, BatchRecord, DeadLetterRecord, Timeline
+from workers.telemetry.timeline import CACHE_HIT, CACHE_MISS, RELEASED, BatchRecord, DeadLetterRecord, Timeline
 from workers.telemetry.triton_stats import TritonCounts
 
 
@@ -33,6 +33,8 @@ class ModelStats:
     queue: Histogram = field(default_factory=_durations)  # enqueued -> compute started
     compute: Histogram = field(default_factory=_durations)  # compute of its batch
     triton: TritonCounts = field(default_factory=TritonCounts)  # exact sums for Triton's statistics
+    cache_hits: int = 0  # answered from the response cache
+    cache_misses: int = 0  # looked up there, computed, kept
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -40,6 +42,7 @@ class ModelStats:
             "executions": self.executions,
             "batch_sizes": self.batch_sizes.to_wire(), "request": self.request.to_wire(),
             "queue": self.queue.to_wire(), "compute": self.compute.to_wire(), "triton": self.triton.to_wire(),
+            "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
         }
 
 
@@ -86,6 +89,11 @@ class StatsBook:
             stats.failures[timeline.outcome] += 1
             return
         stats.success += 1
+        if timeline.cache == CACHE_HIT:
+            stats.cache_hits += 1
+            return  # the model did not run: not an inference (as Triton counts it), no queue or compute
+        if timeline.cache == CACHE_MISS:
+            stats.cache_misses += 1
         stats.inferences += timeline.rows
         start = timeline.enqueued_ns or timeline.received_ns
         if timeline.done_ns and start:

@@ -16,6 +16,8 @@ RELEASED = "released"  # handed back to the broker for another worker: neither s
 CANCELLED = "cancelled"  # a job cancelled or expired before compute
 REJECTED = "rejected"  # not a request this model can read (dead-lettered)
 EXHAUSTED = "exhausted"  # delivered too many times (dead-lettered)
+CACHE_HIT = "hit"  # answered from the response cache
+CACHE_MISS = "miss"  # looked up, computed, kept
 
 
 @dataclass(slots=True)
@@ -37,6 +39,8 @@ class Timeline:
     infer_ns: int = 0
     output_ns: int = 0
     outcome: str = SUCCESS  # SUCCESS, or the error code that failed it
+    cache: str = ""  # CACHE_HIT or CACHE_MISS for a model whose answers are cached
+    cache_ns: int = 0  # a hit's lookup; a miss's lookup and insertion
 
     @classmethod
     def of(cls, request: Request, worker_id: str, received_ns: int) -> Timeline:

@@ -8,7 +8,9 @@ fleet (``gateway.statistics``) is exact too; the Prometheus histograms beside
 them (``workers.telemetry.stats``) only bucket.
 
 A request's compute parts are its batch's: every request of a batch of eight
-adds the batch's whole merge, run and split time, as in Triton.
+adds the batch's whole merge, run and split time, as in Triton. A response
+cache hit counts as a success and a ``cache_hit`` (its lookup time), nothing
+else; a miss adds a ``cache_miss`` (lookup and insertion) to the rest.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.telemetry.timeline import BatchRecord, Timeline
+from workers.telemetry.timeline import CACHE_HIT, CACHE_MISS, BatchRecord, Timeline
 
-DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+             "cache_miss")
 MAX_BATCH_SIZES = 4096  # distinct batch sizes a worker may report for one model version
 
 
@@ -51,6 +54,11 @@ class TritonCounts:
             self._add("fail", took)
             return
         self._add("success", took)
+        if timeline.cache == CACHE_HIT:
+            self._add("cache_hit", timeline.cache_ns)
+            return  # no queue or compute: the model did not run (nor does Triton count them)
+        if timeline.cache == CACHE_MISS:
+            self._add("cache_miss", timeline.cache_ns)
         if timeline.compute_start_ns and start:
             self._add("queue", max(0, timeline.compute_start_ns - start))
         if timeline.batch_id:

@@ -14,7 +14,9 @@ is handled here or forwarded to the worker holding the sequence (see
 their state is here.
 
 The handler sees the models only through ``ServedModels``: the runner a
-request names, and three questions about a model.
+request names, and four questions about a model. A model whose answers are
+cached is looked up in the ``AnswerCache`` first (``workers.cache``); a
+sequence's steps and a decoupled model's streams never are.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from broker.claims.check import Claims, NoClaims
 from broker.envelope import ErrorInfo, ParamValue, Request, Response
 from broker.errors import ClaimMissing, EnvelopeError, TransportError
 from broker.transport import Delivery
+from workers.cache.cached import AnswerCache
 from workers.errors import ModelNotFound
 from workers.formats.envelope import MessageFormat
 from workers.runner import FINAL_FLAG, Responder, error_of
@@ -52,6 +55,8 @@ class ServedModels(Protocol):
     def stateful(self, model: str) -> bool: ...
 
     def retries_failures(self, model: str) -> bool: ...
+
+    def cached(self, model: str) -> bool: ...
 
 
 class JobGate(Protocol):
@@ -77,8 +82,9 @@ class JobStarts:
 class DeliveryHandler:
     def __init__(self, models: ServedModels, replier: Replier, message_format: MessageFormat,
                  sessions: SessionRouting, jobs: JobStarts, observer: Observer, worker_id: str,
-                 wall_ns: Callable[[], int], claims: Claims = NoClaims()) -> None:
+                 wall_ns: Callable[[], int], claims: Claims = NoClaims(), cache: AnswerCache | None = None) -> None:
         self._models = models
+        self._cache = cache
         self._replier = replier
         self._format = message_format
         self._sessions = sessions
@@ -209,6 +215,8 @@ class DeliveryHandler:
         try:
             with self._runner(model, request) as runner:
                 timeline.version = str(runner.version)
+                if self._cache is not None and self._models.cached(model):
+                    return await self._cache.respond(runner, request, timeline)
                 return await runner.respond(request, timeline)
         except Exception as exc:
             _bind_batch(timeline)  # its batch, if one ran, is known now

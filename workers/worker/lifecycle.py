@@ -16,6 +16,7 @@ import structlog
 from broker import channels
 from broker.claims.check import Claims, NoClaims
 from broker.transport import Transport
+from workers.cache.cached import AnswerCache
 from workers.deadletter import DeadLetters
 from workers.ensemble.broker_caller import BrokerStepCaller
 from workers.ensemble.runner import EnsembleRunner
@@ -51,9 +52,11 @@ class Worker:
         observer: Observer = NO_OBSERVER,
         wall_ns: Callable[[], int] = time.time_ns,
         claims: Claims = NoClaims(),
+        cache: AnswerCache | None = None,
     ) -> None:
         self._repository = repository
         self._settings = settings
+        self._caches = cache is not None
         self._sessions = sessions or LocalSessions()
         self._observer = observer
         self._wall_ns = wall_ns
@@ -67,7 +70,7 @@ class Worker:
         handler = DeliveryHandler(
             self._models, Replier(transport, message_format, dead_letters, settings.recovery, claims),
             message_format, self._sessions, JobStarts(job_gate, channels.job_reply_channel(prefix)), observer,
-            settings.worker_id, wall_ns, claims)
+            settings.worker_id, wall_ns, claims, cache)
         self._in_flight = InFlight(handler.handle, settings.recovery.idle_s)
         channels_of = Channels(self._models, self._sessions, prefix)
         self._consumer = Consumer(transport, settings, channels_of, self._in_flight, self._active)
@@ -140,6 +143,9 @@ class Worker:
         capacity = max(runner.capacity for runner in served.runners.values())
         limit = max(1, min(self._settings.max_in_flight, capacity * max(1, self._settings.prefetch)))
         credit = self._in_flight.size(model, limit)
+        if served.entry.config.response_cache.enable and not self._caches:
+            log.warning("cache.not_configured", model=model,
+                        detail="response_cache is on in its config, but no --cache-config was given: nothing is cached")
         if not self._stopping.is_set():
             self._consumer.start(model, credit)
             self._upkeep.start()
