@@ -13,6 +13,10 @@ ferry and may be rewritten by the instance's next batch: copy what you keep.
 A decoupled model (``model_transaction_policy { decoupled: true }``) gets one
 request at a time, and its ``infer`` returns an iterable (a generator, say)
 of output dicts: each is one response, and there may be none.
+
+A ``model.py`` written for Triton's Python backend (``class TritonPythonModel``,
+importing ``triton_python_backend_utils``) is served as it is, through
+``workers.backends.triton_python``.
 """
 
 from __future__ import annotations
@@ -25,16 +29,27 @@ from typing import Any
 import numpy as np
 
 from workers.backends.base import ModelContext
+from workers.backends.triton_python import pb_utils
+from workers.backends.triton_python.adapter import CLASS_NAME, TritonPythonBackend
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError
+
+PB_UTILS = "triton_python_backend_utils"
 
 
 class PythonBackend:
     def __init__(self, context: ModelContext) -> None:
         self._context = context
         self._model: Any = None
+        self._triton: TritonPythonBackend | None = None
 
     def load(self) -> None:
         module = self._import()
+        triton_class = getattr(module, CLASS_NAME, None)
+        if triton_class is not None and "class_name" not in self._context.parameters \
+                and not hasattr(module, "Model"):
+            self._triton = TritonPythonBackend(self._context, triton_class)
+            self._triton.load()
+            return
         model_class = getattr(module, self._context.parameters.get("class_name", "Model"), None)
         if model_class is None or not callable(getattr(model_class, "infer", None)):
             raise ModelLoadError(f"{self._context.model_file}: defines no class 'Model' with an infer method")
@@ -47,6 +62,8 @@ class PythonBackend:
         self._model = model
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._triton is not None:
+            return self._triton.infer(inputs)
         assert self._model is not None, "infer() before load()"
         try:
             outputs = self._model.infer(inputs)
@@ -55,6 +72,9 @@ class PythonBackend:
         return self._arrays(outputs)
 
     def infer_stream(self, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        if self._triton is not None:
+            yield from self._triton.infer_stream(inputs)
+            return
         assert self._model is not None, "infer_stream() before load()"
         try:
             responses = self._model.infer(inputs)
@@ -73,6 +93,9 @@ class PythonBackend:
         return {name: np.asarray(value) for name, value in outputs.items()}
 
     def unload(self) -> None:
+        if self._triton is not None:
+            self._triton.unload()
+            self._triton = None
         if self._model is not None and hasattr(self._model, "unload"):
             self._model.unload()
         self._model = None
@@ -85,6 +108,7 @@ class PythonBackend:
             raise ModelLoadError(f"{path}: not an importable Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
+        sys.modules.setdefault(PB_UTILS, pb_utils)  # what Triton's Python models import
         try:
             spec.loader.exec_module(module)
         except Exception as exc:

@@ -33,7 +33,9 @@ from pathlib import Path
 import numpy as np
 import structlog
 
+from broker.envelope import decode_request, encode_response
 from workers.backends.base import Backend, ModelContext
+from workers.backends.triton_python import bls
 from workers.backends.python import PythonBackend
 from workers.backends.python_wire import Channel, ChannelClosed, Header, Tensors, context_body, error_from
 from workers.errors import ExecutionError, ModelLoadError
@@ -220,10 +222,17 @@ class ProcessBackend:
             raise self._died(process) from None
 
     def _receive(self, process: InstanceProcess) -> tuple[Header, Tensors]:
-        try:
-            header, outputs = process.channel.receive()
-        except ChannelClosed:
-            raise self._died(process) from None
+        """The instance's next answer; its model's own requests to other models (BLS) meanwhile are
+        made here and their replies sent back."""
+        while True:
+            try:
+                header, outputs = process.channel.receive()
+                if "bls" not in header:
+                    break
+                reply = bls.current().call(decode_request(header["bls"]))
+                process.channel.send({"bls": encode_response(reply)})
+            except ChannelClosed:
+                raise self._died(process) from None
         if "error" in header:
             raise error_from(header["error"])
         return header, outputs

@@ -11,6 +11,10 @@ the worker sends (``workers.backends.python_wire``), one call at a time:
     {"op": "stream", tensors}        -> {tensors}... then {"end": true}
     {"op": "unload"}                 -> {}                 and exit
 
+While it computes, a Triton Python model may call other models (BLS): it sends
+``{"bls": <request message>}`` and reads ``{"bls": <reply message>}``, which
+the worker sends once it has the answer.
+
 Any call may answer ``{"error": {type, message}}`` instead. The process ends
 with its worker: the kernel kills it when the worker dies (PR_SET_PDEATHSIG on
 Linux), and it exits when its socket closes.
@@ -25,6 +29,8 @@ import sys
 from collections.abc import Callable
 
 from workers.backends.python import PythonBackend
+from workers.backends.triton_python import bls
+from workers.backends.triton_python.bls import StubModelCaller
 from workers.backends.python_wire import Channel, ChannelClosed, Tensors, context_from, error_body
 from workers.linux import die_with_parent
 
@@ -38,6 +44,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = Channel(socket.socket(fileno=fd))
+    bls.install(StubModelCaller(channel))  # a Triton model's own requests go through its worker
     try:
         serve(channel)
     except ChannelClosed:

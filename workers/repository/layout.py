@@ -30,6 +30,7 @@ import structlog
 
 from workers.backends import PLATFORMS
 from workers.backends.tree_runtimes import fil_model_filename
+from workers.backends.triton_python.autocomplete import complete as complete_python, needs_completion
 from workers.ensemble.config import PLATFORM as ENSEMBLE_PLATFORM, step_errors as ensemble_step_errors
 from workers.errors import ConfigError, ModelNotFound
 from workers.repository.autocomplete import OnnxSignature, autocomplete, read_signature
@@ -140,6 +141,8 @@ class ModelRepository:
         versions = _select_versions(config_path, policy, available)
         if backend == "onnxruntime":
             raw = self._autocomplete(config_path, raw, path / str(versions[-1]) / filename)
+        elif backend == "python" and versions and needs_completion(path / str(versions[-1]) / filename):
+            raw = complete_python(config_path, raw, path / str(versions[-1]) / filename)
         config = load_config(config_path, raw)
         _check_label_files(config_path, config)
         return ModelEntry(name, path, config, versions)

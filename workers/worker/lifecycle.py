@@ -16,6 +16,8 @@ import structlog
 from broker import channels
 from broker.claims.check import Claims, NoClaims
 from broker.transport import Transport
+from workers.backends.triton_python import bls
+from workers.backends.triton_python.bls import BrokerModelCaller
 from workers.cache.cached import AnswerCache
 from workers.deadletter import DeadLetters
 from workers.ensemble.broker_caller import BrokerStepCaller
@@ -93,6 +95,9 @@ class Worker:
     async def start(self, index: RepositoryIndex | None = None) -> None:
         """Load the models the control mode starts with; ``index`` spares a
         second scan when the caller has one."""
+        # Python models' own requests (BLS) go out through this worker's step caller.
+        bls.install(BrokerModelCaller(self._steps, self._step_config, asyncio.get_running_loop(),
+                                      self._settings.channel_prefix))
         index = index or self._repository.scan()
         served = self._settings.models or tuple(sorted(index.entries))
         for name in self._settings.control.startup_models(served):
