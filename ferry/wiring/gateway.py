@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from broker.transports import open_transport
-from ferry.wiring.lifecycle import close_later, start_all
+from ferry.wiring.lifecycle import Closable, close_later, start_all
 from ferry.wiring.gateway_side import GatewaySide, Sources
 from ferry.wiring.readiness import FleetReadiness
 from ferry.wiring.settings import ServeSettings
@@ -22,8 +23,25 @@ from workers.repository.layout import ModelRepository
 from workers.telemetry.tracing import GATEWAY_SERVICE, open_tracing
 
 
-def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> ASGIApp:
-    """The HTTP gateway alone; everything starts in its lifespan."""
+@dataclass(frozen=True, slots=True)
+class GatewayParts:
+    """``ferry gateway``'s parts, built once; ``running`` starts and stops them (the HTTP
+    app runs them in its lifespan, the in-process API with ``worker=False`` on its own)."""
+
+    front: GatewaySide
+    readiness: FleetReadiness
+    closables: tuple[Closable | None, ...]
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            close_later(stack, *self.closables)
+            await start_all(stack, self.readiness)
+            await self.front.start(stack)
+            yield
+
+
+def build_gateway_parts(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> GatewayParts:
     transport = open_transport(settings.broker_url)
     prefix = settings.service.channel_prefix
     heartbeats = open_heartbeats(settings.broker_url, transport, settings.gateway_id, prefix)
@@ -39,13 +57,16 @@ def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5)
                          settings.claims, prefix)
     front = GatewaySide.build(settings, transport, catalog, store, control,
                               Sources(readiness.workers, heartbeats.beats), tracing, claims)
+    return GatewayParts(front, readiness, (tracing, transport, heartbeats, claims))
+
+
+def build_gateway_app(settings: ServeSettings, readiness_refresh_s: float = 0.5) -> ASGIApp:
+    """The HTTP gateway alone; everything starts in its lifespan."""
+    parts = build_gateway_parts(settings, readiness_refresh_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with contextlib.AsyncExitStack() as stack:
-            close_later(stack, tracing, transport, heartbeats, claims)
-            await start_all(stack, readiness)
-            await front.start(stack)
+        async with parts.running():
             yield
 
-    return front.app(settings, lifespan)
+    return parts.front.app(settings, lifespan)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from broker.transport import Transport
 from broker.transports import open_transport
-from ferry.wiring.lifecycle import close_later, start_all
+from ferry.wiring.lifecycle import Closable, close_later, start_all
 from ferry.wiring.gateway_side import GatewaySide, Sources
 from ferry.wiring.settings import ServeSettings
 from ferry.wiring.stores import (
@@ -28,12 +29,36 @@ from ferry.wiring.worker_side import WorkerSide
 from gateway.catalog import ModelCatalog
 from gateway.dashboard import local_beats
 from workers.control.client import ControlClient
+from workers.heartbeat import Heartbeat
 from workers.repository.layout import ModelRepository
 from workers.telemetry.tracing import SERVE_SERVICE, open_tracing
 
 
-def build_app(settings: ServeSettings, transport: Transport | None = None) -> ASGIApp:
-    """The whole stack as an ASGI app; everything starts in its lifespan."""
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """``ferry serve``'s parts, built once: the gateway side, the worker side, and what
+    they share. ``running`` starts them all and stops them again; the HTTP app and the
+    in-process API (``ferry.api``) both run them that way."""
+
+    front: GatewaySide
+    back: WorkerSide
+    catalog: ModelCatalog
+    heartbeat: Heartbeat | None
+    closables: tuple[Closable | None, ...]
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            close_later(stack, *self.closables)
+            # The worker first: the dashboard's first sample and the metrics see its models loaded.
+            # On the in-memory broker nothing outlives the process: no drain.
+            await self.back.start(stack, self.catalog.index, drain=self.heartbeat is not None)
+            await self.front.start(stack)
+            await start_all(stack, self.heartbeat)
+            yield
+
+
+def build_serving(settings: ServeSettings, transport: Transport | None = None) -> Serving:
     transport = transport or open_transport(settings.broker_url)
     prefix = settings.service.channel_prefix
     repository = ModelRepository(settings.model_repository)
@@ -54,16 +79,16 @@ def build_app(settings: ServeSettings, transport: Transport | None = None) -> AS
     # The local worker is live while this process is; workers elsewhere have their own /metrics.
     sources = Sources(lambda: (worker.worker_id,), beats, stats, worker.worker_id)
     front = GatewaySide.build(settings, transport, catalog, store, control, sources, tracing, claims)
+    return Serving(front, back, catalog, heartbeat, (tracing, transport, heartbeats, claims, cache))
+
+
+def build_app(settings: ServeSettings, transport: Transport | None = None) -> ASGIApp:
+    """The whole stack as an ASGI app; everything starts in its lifespan."""
+    serving = build_serving(settings, transport)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with contextlib.AsyncExitStack() as stack:
-            close_later(stack, tracing, transport, heartbeats, claims, cache)
-            # The worker first: the dashboard's first sample and the metrics see its models loaded.
-            # On the in-memory broker nothing outlives the process: no drain.
-            await back.start(stack, catalog.index, drain=heartbeat is not None)
-            await front.start(stack)
-            await start_all(stack, heartbeat)
+        async with serving.running():
             yield
 
-    return front.app(settings, lifespan)
+    return serving.front.app(settings, lifespan)
