@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +30,8 @@ from workers.batching.inline import InlineCompute
 from workers.batching.tensors import batch_key, rows_of, split
 from workers.datatypes import encode_array
 from workers.errors import ExecutionError, ModelLoadError, RequestTimeout, WorkerError
-from workers.repository.config import ModelConfig
+from workers.rate_limit import Needs, RateLimiter
+from workers.repository.config import InstanceGroup, ModelConfig
 from workers.repository.layout import ModelEntry
 from workers.sequences.batcher import SequenceBatcher, SequenceSpec
 from workers.sequences.state import LocalStates, StateStore, initial_states
@@ -120,8 +122,11 @@ class ModelRunner:
         clocks: Clocks = Clocks(),
         state_store: StateStoreFactory = lambda config: LocalStates(),
         observer: Observer = NO_OBSERVER,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.entry = entry
+        self._limiter = limiter
+        self._needs: dict[int, tuple[str, Needs]] = {}  # by id() of the backend: its instance and what it needs
         self.version = version
         self.config = entry.config
         self._factory = backend_factory
@@ -143,8 +148,12 @@ class ModelRunner:
         loop = asyncio.get_running_loop()
         for context in contexts:
             backend = self._factory(context)
+            needs = _needs(context.instance)
+            if self._limiter is not None:
+                self._limiter.register(self.entry.name, needs)
             await loop.run_in_executor(self._executor, backend.load)
             self._backends.append(backend)
+            self._needs[id(backend)] = (f"{self.entry.name}/{self.version}#{context.instance_index}", needs)
             self._buffers[id(backend)] = _buffers_for(backend, self.config.max_batch_size)
             if self.config.decoupled and not hasattr(backend, "infer_stream"):
                 raise ModelLoadError(f"model '{self.entry.name}' is decoupled, but its backend "
@@ -245,8 +254,9 @@ class ModelRunner:
         backend = await self._idle.get()
         try:
             assert self._executor is not None, "infer_stream() before start()"
-            async for outputs in stream_outputs(backend, inputs, self._executor):  # type: ignore[arg-type]
-                yield _select(outputs, request.outputs)
+            async with self._held(backend):
+                async for outputs in stream_outputs(backend, inputs, self._executor):  # type: ignore[arg-type]
+                    yield _select(outputs, request.outputs)
         finally:
             self._idle.put_nowait(backend)
 
@@ -283,7 +293,8 @@ class ModelRunner:
         loop = asyncio.get_running_loop()
         start = self._clocks.wall_ns()
         try:
-            outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
+            async with self._held(backend):
+                outputs = await loop.run_in_executor(self._executor, backend.infer, tensors)
         finally:
             rows = rows_of(tensors) if self.config.max_batch_size > 0 else 1
             end = self._clocks.wall_ns()
@@ -299,15 +310,23 @@ class ModelRunner:
         start = self._clocks.wall_ns()
         phases = _Phases()
         try:
-            if self._inline.inline():  # cheaper than handing it to the thread (workers.batching.inline)
-                return self._compute(backend, batch, phases)
-            loop = asyncio.get_running_loop()
-            # A batch that takes a while (merging and splitting copy whole batches) stays off the event loop.
-            return await loop.run_in_executor(self._executor, self._compute, backend, batch, phases)
+            async with self._held(backend):
+                if self._inline.inline():  # cheaper than handing it to the thread (workers.batching.inline)
+                    return self._compute(backend, batch, phases)
+                loop = asyncio.get_running_loop()
+                # A batch that takes a while (merging and splitting copy whole batches) stays off the event loop.
+                return await loop.run_in_executor(self._executor, self._compute, backend, batch, phases)
         finally:
             self._idle.put_nowait(backend)
             self._inline.took(phases.elapsed_ns / 1e9)
             self._record(batch, start, phases)
+
+    def _held(self, backend: Backend) -> AbstractAsyncContextManager[None]:
+        """The rate limiter's turn for this instance (none to wait for without one)."""
+        instance, needs = self._needs.get(id(backend), ("", Needs()))
+        if self._limiter is None or not needs.resources:
+            return nullcontext()
+        return self._limiter.hold(instance, needs)
 
     def _record(self, batch: Sequence[_Item], start: int, phases: _Phases) -> None:
         rows = sum(item.rows for item in batch)
@@ -348,6 +367,13 @@ class _Phases:
     infer_ns: int = 0
     output_ns: int = 0
     elapsed_ns: int = 0  # all of it, a failed batch's included
+
+
+def _needs(group: InstanceGroup) -> Needs:
+    limits = group.rate_limiter
+    if limits is None:
+        return Needs()
+    return Needs(tuple((r.name, r.count) for r in limits.resources), max(1, limits.priority))
 
 
 def _buffers_for(backend: Backend, max_batch_size: int) -> BatchBuffers:

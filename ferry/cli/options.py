@@ -13,6 +13,7 @@ from gateway.jobs import DEFAULT_TTL_S
 from gateway.metadata import SERVER_NAME
 from workers.control.messages import MODES
 from workers.deadletter import DeadLetterSettings
+from workers.rate_limit import MODES as RATE_LIMIT_MODES
 from workers.telemetry.settings import TRACE_EXPORTERS
 
 
@@ -135,6 +136,12 @@ def worker_options() -> argparse.ArgumentParser:
     options.add_argument("--dead-letter-max-bytes", type=int, default=DeadLetterSettings().max_bytes,
                          help="what those letters may add up to: each is at most this divided by "
                               "--dead-letter-max-count bytes, a longer payload cut to its first bytes")
+    options.add_argument("--rate-limit", choices=RATE_LIMIT_MODES, default="off",
+                         help="execution_count: a model instance runs only when the resources its instance_group's "
+                              "rate_limiter names are free (Triton's rate limiter); off: they run when idle")
+    options.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                         help="how much of a rate-limiter resource there is (default: the most any instance needs); "
+                              "repeatable")
     options.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
                          help="the response cache for models with response_cache { enable: true }: "
                               "local,size=BYTES (this worker's memory) or redis,host=H[,port=P,db=N,user=U,"

@@ -25,6 +25,7 @@ from workers.control.messages import ControlSettings
 from workers.errors import ConfigError
 from workers.deadletter import DeadLetterSettings
 from workers.heartbeat import HeartbeatSettings
+from workers.rate_limit import parse_resource
 from workers.recovery import RecoverySettings
 from workers.telemetry.settings import TelemetrySettings, TraceSettings
 from workers.worker import WorkerSettings
@@ -76,8 +77,13 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         retry = urlsplit(args.broker).scheme != "memory"
     recovery = RecoverySettings(args.claim_interval_s, args.claim_idle_s, args.max_deliveries, retry)
     models = tuple(name.strip() for name in args.models.split(",") if name.strip())
+    try:
+        resources = tuple(parse_resource(text) for text in args.rate_limit_resource)
+    except ValueError as exc:
+        raise SystemExit(f"ferry: {exc}") from None
     settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
-                              control=control(args), dead_letters=dead_letters(args))
+                              control=control(args), dead_letters=dead_letters(args), rate_limit=args.rate_limit,
+                              rate_limit_resources=resources)
     return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
 
 

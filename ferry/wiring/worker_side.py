@@ -14,6 +14,7 @@ from workers.cache.cached import AnswerCache
 from workers.control.listener import ControlListener
 from workers.formats.v2_json import V2MessageFormat
 from workers.heartbeat import Heartbeat, HeartbeatSettings, HeartbeatStore
+from workers.rate_limit import RateLimiter
 from workers.repository.layout import ModelRepository, RepositoryIndex
 from workers.repository.poll import RepositoryPoller
 from workers.sequences.sessions import SessionRouting
@@ -40,9 +41,10 @@ class WorkerSide:
               cache: AnswerCache | None = None) -> WorkerSide:
         stats = StatsBook() if telemetry.metrics else None
         # V2 JSON as well as envelopes: external producers write requests straight onto the channels.
+        limiter = RateLimiter(dict(settings.rate_limit_resources)) if settings.rate_limit == "execution_count" else None
         worker = Worker(transport, repository, settings, job_gate=job_gate, message_format=V2MessageFormat(),
                         sessions=sessions, observer=worker_observers(telemetry, stats, tracing), claims=claims,
-                        cache=cache)
+                        cache=cache, limiter=limiter)
         control = settings.control
         poller = RepositoryPoller(repository, worker, control.poll_s) if control.mode == "poll" else None
         return cls(worker, ControlListener(transport, worker, control, settings.channel_prefix), poller, stats)

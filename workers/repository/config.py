@@ -95,11 +95,23 @@ class DynamicBatching(_Model):
     default_queue_policy: QueuePolicy = QueuePolicy()
 
 
+class RateLimiterResource(_Model):
+    name: StrictStr = Field(min_length=1)
+    count: PositiveInt = 1
+    global_: Annotated[bool, Strict()] = Field(False, alias="global")
+
+
+class RateLimiterConfig(_Model):
+    resources: tuple[RateLimiterResource, ...] = Field((), alias="resources")
+    priority: NonNegInt = 1
+
+
 class InstanceGroup(_Model):
     name: StrictStr = ""
     count: PositiveInt = 1
     kind: Kind = "KIND_AUTO"
     gpus: tuple[NonNegInt, ...] = ()
+    rate_limiter: RateLimiterConfig | None = None
 
 
 class LatestPolicy(_Model):
@@ -238,7 +250,8 @@ class ModelConfig(_Model):
             "max_batch_size": self.max_batch_size,
             "input": [_tensor_json(t) for t in self.inputs],
             "output": [_tensor_json(t) for t in self.outputs],
-            "instance_group": [g.model_dump(mode="json") for g in self.instance_groups],
+            "instance_group": [g.model_dump(mode="json", exclude_none=True, by_alias=True)
+                               for g in self.instance_groups],
             "parameters": {k: {"string_value": v} for k, v in self.parameters.items()},
             "default_model_filename": self.default_model_filename,
         }
@@ -248,6 +261,8 @@ class ModelConfig(_Model):
             body["sequence_batching"] = _sequence_json(self.sequence_batching)
         if self.decoupled:
             body["model_transaction_policy"] = {"decoupled": True}
+        if self.response_cache.enable:
+            body["response_cache"] = {"enable": True}
         if self.ensemble_scheduling is not None:
             body["ensemble_scheduling"] = self.ensemble_scheduling.to_json()
         if self.optimization is not None:

@@ -24,6 +24,7 @@ from workers.ensemble.broker_caller import BrokerStepCaller
 from workers.ensemble.runner import EnsembleRunner
 from workers.formats.envelope import EnvelopeFormat, MessageFormat
 from workers.model_loader import ModelLoader, RunnerFactory
+from workers.rate_limit import RateLimiter
 from workers.model_set import ModelSet, Served
 from workers.repository.config import ModelConfig
 from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex
@@ -55,10 +56,12 @@ class Worker:
         wall_ns: Callable[[], int] = time.time_ns,
         claims: Claims = NoClaims(),
         cache: AnswerCache | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._repository = repository
         self._settings = settings
         self._caches = cache is not None
+        self._limiter = limiter
         self._sessions = sessions or LocalSessions()
         self._observer = observer
         self._wall_ns = wall_ns
@@ -179,7 +182,8 @@ class Worker:
         if entry.config.ensemble_scheduling is not None:
             return EnsembleRunner(entry, version, self._steps, self._step_config,
                                   self._settings.channel_prefix, Clocks(wall_ns=self._wall_ns))
-        return ModelRunner(entry, version, state_store=self._sessions.state_store, observer=self._observer)
+        return ModelRunner(entry, version, state_store=self._sessions.state_store, observer=self._observer,
+                           limiter=self._limiter)
 
     def _step_config(self, name: str) -> ModelConfig:
         """A step model's config: as loaded here (overrides included), else as the repository has it."""

@@ -23,3 +23,5 @@ class WorkerSettings:
     recovery: RecoverySettings = RecoverySettings()
     control: ControlSettings = ControlSettings()
     dead_letters: DeadLetterSettings = DeadLetterSettings()
+    rate_limit: str = "off"  # "execution_count": instances run when their rate_limiter resources are free
+    rate_limit_resources: tuple[tuple[str, int], ...] = ()  # --rate-limit-resource NAME:COUNT
