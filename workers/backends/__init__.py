@@ -24,6 +24,7 @@ BACKENDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
     "tensorrt": ("workers.backends.tensorrt", "TensorRTBackend", "gpu"),
     "openvino": ("workers.backends.openvino", "OpenVinoBackend", "openvino"),
     "fil": ("workers.backends.trees", "TreeBackend", "trees"),
+    "tensorflow": ("workers.backends.tensorflow", "TensorFlowBackend", "tensorflow"),
 })
 
 # Triton's platform names for the backends above.
@@ -32,6 +33,7 @@ PLATFORMS: Mapping[str, str] = MappingProxyType({
     "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",
     "openvino": "openvino",
+    "tensorflow_savedmodel": "tensorflow",
 })
 
 

@@ -76,11 +76,13 @@ def autocomplete_onnx(path: Path, parsed: dict[str, Any], model_file: Path) -> d
     return autocomplete(path, parsed, read_signature(model_file))
 
 
-def autocomplete(path: Path, parsed: dict[str, Any], signature: OnnxSignature) -> dict[str, Any]:
-    """A completed copy of ``parsed``; ``path`` names the config in errors."""
+def autocomplete(path: Path, parsed: dict[str, Any], signature: OnnxSignature, platform: str = "onnxruntime_onnx",
+                 backend: str = "onnxruntime") -> dict[str, Any]:
+    """A completed copy of ``parsed``; ``path`` names the config in errors. The rules are the
+    same for a TensorFlow SavedModel's signature (``workers.repository.savedmodel``)."""
     config = copy.deepcopy(parsed)
-    config.setdefault("platform", "onnxruntime_onnx")
-    config.setdefault("backend", "onnxruntime")
+    config.setdefault("platform", platform)
+    config.setdefault("backend", backend)
     batched = _complete_batching(path, config, signature)
     if batched is None:
         return config  # max_batch_size is malformed; validation names it

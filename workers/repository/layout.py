@@ -37,6 +37,7 @@ from workers.repository.autocomplete import OnnxSignature, autocomplete, read_si
 from workers.repository.config import ModelConfig, VersionPolicy
 from workers.repository.config_file import load_config, load_version_policy
 from workers.repository.pbtxt import parse_file
+from workers.repository.savedmodel import DEFAULT_SIGNATURE, read_savedmodel_signature
 
 log = structlog.get_logger(__name__)
 
@@ -47,11 +48,12 @@ DEFAULT_MODEL_FILENAMES: Mapping[str, str] = MappingProxyType({
     "pytorch": "model.pt",
     "tensorrt": "model.plan",
     "openvino": "model.xml",
+    "tensorflow": "model.savedmodel",  # a SavedModel directory
 })
 # Files that also tell their backend when found, beyond the defaults above.
 ALTERNATE_MODEL_FILENAMES: Mapping[str, str] = MappingProxyType({"model.pt2": "pytorch"})
 PLATFORM_BACKENDS: Mapping[str, str] = PLATFORMS
-AUTOCOMPLETED_BACKENDS = ("onnxruntime",)
+AUTOCOMPLETED_BACKENDS = ("onnxruntime", "tensorflow")
 
 # Triton ignores version directories that are not numbers or start with 0.
 _VERSION_DIR = re.compile(r"[1-9][0-9]*")
@@ -141,6 +143,11 @@ class ModelRepository:
         versions = _select_versions(config_path, policy, available)
         if backend == "onnxruntime":
             raw = self._autocomplete(config_path, raw, path / str(versions[-1]) / filename)
+        elif backend == "tensorflow" and versions:
+            signature = _parameter(raw, SIGNATURE_PARAMETER) or DEFAULT_SIGNATURE
+            raw = autocomplete(config_path, raw, read_savedmodel_signature(path / str(versions[-1]) / filename,
+                                                                           signature),
+                               platform="tensorflow_savedmodel", backend="tensorflow")
         elif backend == "python" and versions and needs_completion(path / str(versions[-1]) / filename):
             raw = complete_python(config_path, raw, path / str(versions[-1]) / filename)
         config = load_config(config_path, raw)
@@ -304,3 +311,16 @@ def _check_label_files(config_path: Path, config: ModelConfig) -> None:
         if output.label_filename and not (config_path.parent / output.label_filename).is_file():
             raise ConfigError(str(config_path), f"output[{index}].label_filename",
                               f"no file '{output.label_filename}' in {config_path.parent}")
+
+
+SIGNATURE_PARAMETER = "TF_SIGNATURE_DEF"  # a SavedModel's signature, as in the TensorFlow backend
+
+
+def _parameter(raw: dict[str, Any], key: str) -> str:
+    """A config parameter's string value from parsed pbtxt, '' when absent or malformed."""
+    entries = raw.get("parameters")
+    for entry in entries if isinstance(entries, list) else []:
+        value = entry.get("value") if isinstance(entry, dict) and entry.get("key") == key else None
+        if isinstance(value, dict) and isinstance(value.get("string_value"), str):
+            return str(value["string_value"])
+    return ""
