@@ -32,6 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the path but not the repository
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks import side_by_side  # noqa: E402
 from benchmarks.bench_embedded import IMAGE_SHAPE, MODEL_DIR, MODEL_NAME, OUTPUT_BYTES, measure_point  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     LoadResult, LoadSpec, Target, TensorSpec, Window, event_loop_runner, infer_request, probe, read_response,
@@ -39,7 +40,7 @@ from benchmarks.loadgen import (  # noqa: E402
 )
 from benchmarks.server import copy_model, ferry_server  # noqa: E402
 from benchmarks.stats import Summary, int_list  # noqa: E402
-from benchmarks.table import Column, print_table  # noqa: E402
+from benchmarks.table import print_table  # noqa: E402
 from benchmarks.window import Window as WindowSetting, WindowOptions  # noqa: E402
 
 CACHE_ON, CACHE_OFF = "cache on", "cache off"
@@ -48,9 +49,7 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "cache.json"
 WINDOWS = WindowOptions(full=WindowSetting(duration_s=6.0, warmup_s=2.0),
                         quick=WindowSetting(duration_s=1.0, warmup_s=0.5))
 DEFAULT_CONCURRENCY = (1, 16)
-COLUMNS = (Column("cache", 9, align="<"), Column("clients", 7), Column("images/s", 10, ".1f"),
-           Column("p50 ms", 8, ".2f"), Column("p99 ms", 8, ".2f"), Column("server CPU ms/image", 19, ".2f"),
-           Column("errors", 6))
+COLUMNS = side_by_side.columns("cache", 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +117,7 @@ async def _measure(mode: str, target: Target, images: Images, settings: BenchSet
     for concurrency in settings.concurrency:
         spec = LoadSpec(concurrency, settings.warmup_s, settings.duration_s)
         summaries.append(await measure_point(mode, run_clients(client(images, target), spec), spec, server_pid))
-        print("  " + _line(summaries[-1]), flush=True)
+        print("  " + side_by_side.line(COLUMNS, summaries[-1]), flush=True)
     return summaries
 
 
@@ -139,27 +138,9 @@ def run(settings: BenchSettings) -> list[Summary]:
     return summaries
 
 
-def _values(summary: Summary) -> list[object]:
-    return [summary.mode, int(summary.point.split()[-1]), summary.images_per_s, summary.p50_ms, summary.p99_ms,
-            summary.compute_ms_per_image, summary.errors]
-
-
-def _line(summary: Summary) -> str:
-    return " ".join(column.cell(value) for column, value in zip(COLUMNS, _values(summary), strict=True))
-
-
 def ratios(summaries: list[Summary]) -> list[dict[str, object]]:
-    """Cache on over cache off at each concurrency: throughput and p99."""
-    rows = []
-    for point in sorted({s.point for s in summaries}, key=lambda p: int(p.split()[-1])):
-        pair = {s.mode: s for s in summaries if s.point == point}
-        on, off = pair.get(CACHE_ON), pair.get(CACHE_OFF)
-        if on is None or off is None:
-            continue
-        rows.append({"clients": int(point.split()[-1]),
-                     "throughput": on.images_per_s / off.images_per_s if off.images_per_s else None,
-                     "p99": on.p99_ms / off.p99_ms if on.p99_ms and off.p99_ms else None})
-    return rows
+    """Cache on over cache off at each concurrency: throughput, p50 and p99."""
+    return side_by_side.ratios(summaries, CACHE_ON, CACHE_OFF)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,11 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           "hot images", flush=True)
     summaries = run(settings)
     print()
-    print_table(COLUMNS, [_values(summary) for summary in summaries])
-    print(f"\n{'on / off':<9} {'clients':>7} {'throughput':>10} {'p99':>8}")
-    for row in ratios(summaries):
-        print(f"{'':<9} {row['clients']:>7} " + " ".join(
-            f"{'-' if row[k] is None else format(row[k], '.2f'):>{w}}" for k, w in (("throughput", 10), ("p99", 8))))
+    print_table(COLUMNS, [side_by_side.values(summary) for summary in summaries])
+    side_by_side.print_ratios("on / off", ratios(summaries))
     settings.out.parent.mkdir(parents=True, exist_ok=True)
     settings.out.write_text(json.dumps({
         "benchmark": "response_cache",

@@ -29,23 +29,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the path but not the repository
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks import grpc_load  # noqa: E402
+from benchmarks import grpc_load, side_by_side  # noqa: E402
 from benchmarks.bench_embedded import IMAGE_SHAPE, MODEL_DIR, MODEL_NAME, OUTPUT_BYTES, measure_point  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     LoadResult, LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_clients, run_load,
 )
 from benchmarks.server import copy_model, ferry_server, free_port  # noqa: E402
 from benchmarks.stats import Summary, int_list  # noqa: E402
-from benchmarks.table import Column, print_table  # noqa: E402
+from benchmarks.table import print_table  # noqa: E402
 from benchmarks.window import Window, WindowOptions  # noqa: E402
 
 HTTP, GRPC = "HTTP (binary)", "gRPC (raw)"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "grpc.json"
 WINDOWS = WindowOptions(full=Window(duration_s=5.0, warmup_s=2.0), quick=Window(duration_s=1.0, warmup_s=0.5))
 DEFAULT_CONCURRENCY = (1, 16, 64)
-COLUMNS = (Column("protocol", 14, align="<"), Column("clients", 7), Column("images/s", 10, ".1f"),
-           Column("p50 ms", 8, ".2f"), Column("p99 ms", 8, ".2f"), Column("server CPU ms/image", 19, ".2f"),
-           Column("errors", 6))
+COLUMNS = side_by_side.columns("protocol", 14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +81,8 @@ async def _measure_both(http: Target, grpc_target: grpc_load.GrpcTarget, setting
         for protocol, load in loads.items():
             spec = LoadSpec(concurrency, settings.warmup_s, settings.duration_s)
             summaries.append(await measure_point(protocol, load(spec), spec, server_pid))
-            print("  " + _line(summaries[-1]), flush=True)
+            print("  " + side_by_side.line(COLUMNS, summaries[-1]), flush=True)
     return summaries
-
-
-def _values(summary: Summary) -> list[object]:
-    return [summary.mode, int(summary.point.split()[-1]), summary.images_per_s, summary.p50_ms, summary.p99_ms,
-            summary.compute_ms_per_image, summary.errors]
-
-
-def _line(summary: Summary) -> str:
-    return " ".join(column.cell(value) for column, value in zip(COLUMNS, _values(summary), strict=True))
 
 
 def run(settings: BenchSettings) -> list[Summary]:
@@ -115,20 +104,7 @@ def run(settings: BenchSettings) -> list[Summary]:
 
 def ratios(summaries: list[Summary]) -> list[dict[str, object]]:
     """gRPC over HTTP at each concurrency: throughput, p50 and p99."""
-    rows = []
-    for concurrency in sorted({s.point for s in summaries}, key=lambda p: int(p.split()[-1])):
-        pair = {s.mode: s for s in summaries if s.point == concurrency}
-        http, grpc = pair.get(HTTP), pair.get(GRPC)
-        if http is None or grpc is None:
-            continue
-        rows.append({"clients": int(concurrency.split()[-1]),
-                     "throughput": _ratio(grpc.images_per_s, http.images_per_s),
-                     "p50": _ratio(grpc.p50_ms, http.p50_ms), "p99": _ratio(grpc.p99_ms, http.p99_ms)})
-    return rows
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
+    return side_by_side.ratios(summaries, GRPC, HTTP)
 
 
 def write_json(path: Path, settings: BenchSettings, summaries: list[Summary]) -> None:
@@ -154,12 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("ferry serve, cnn with dynamic batching, one FP32 image per request", flush=True)
     summaries = run(settings)
     print()
-    print_table(COLUMNS, [_values(summary) for summary in summaries])
-    print(f"\n{'gRPC / HTTP':<14} {'clients':>7} {'throughput':>10} {'p50':>8} {'p99':>8}")
-    for row in ratios(summaries):
-        print(f"{'':<14} {row['clients']:>7} " + " ".join(
-            f"{'-' if row[k] is None else format(row[k], '.2f'):>{w}}" for k, w in (("throughput", 10),
-                                                                                  ("p50", 8), ("p99", 8))))
+    print_table(COLUMNS, [side_by_side.values(summary) for summary in summaries])
+    side_by_side.print_ratios("gRPC / HTTP", ratios(summaries))
     write_json(settings.out, settings, summaries)
     print(f"\nwrote {settings.out}")
     return 1 if any(summary.errors for summary in summaries) else 0
