@@ -311,7 +311,9 @@ class ModelRunner:
         phases = _Phases()
         try:
             async with self._held(backend):
-                if self._inline.inline():  # cheaper than handing it to the thread (workers.batching.inline)
+                # Cheaper than handing it to the thread (workers.batching.inline), unless the model may call
+                # other models (BLS), whose replies need this event loop free while it waits.
+                if self._inline.inline() and not getattr(backend, "calls_models", False):
                     return self._compute(backend, batch, phases)
                 loop = asyncio.get_running_loop()
                 # A batch that takes a while (merging and splitting copy whole batches) stays off the event loop.

@@ -37,6 +37,8 @@ PB_UTILS = "triton_python_backend_utils"
 
 
 class PythonBackend:
+    calls_models = True  # a Triton model's BLS requests wait on the worker's event loop: never run on it
+
     def __init__(self, context: ModelContext) -> None:
         self._context = context
         self._model: Any = None

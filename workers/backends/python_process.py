@@ -116,6 +116,8 @@ class ProcessBackend:
     """One instance of a Python model, computed in its own process. One call
     at a time, as the runner makes them."""
 
+    calls_models = True  # its model's BLS requests are made on the worker's event loop: never run on it
+
     def __init__(self, context: ModelContext, stop_timeout_s: float = STOP_TIMEOUT_S) -> None:
         self._context = context
         self._stop_timeout_s = stop_timeout_s
