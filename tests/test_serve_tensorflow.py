@@ -4,43 +4,32 @@ TensorFlow answers them run directly, and batched."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 import tritonclient.http as httpclient
 
 from tests.servers import ferry_serve
 from workers.errors import ConfigError
 from workers.repository.savedmodel import read_savedmodel_signature
 
-
-class Lengths(tf.Module):
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-    def lengths(self, text):
-        return {"length": tf.strings.length(text), "upper": tf.strings.upper(text)}
+ROWS = np.random.default_rng(2).random((12, 4), dtype=np.float32)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("repo")
-    keras.utils.set_random_seed(5)
-    features = keras.Input(shape=(4,), name="features")
-    hidden = keras.layers.Dense(8, activation="relu")(features)
-    scores = keras.layers.Dense(3, name="scores")(hidden)
-    model = keras.Model(features, scores)
-    model.export(str(root / "keras_dense/1/model.savedmodel"), format="tf_saved_model", verbose=False)
-    # Only the platform: inputs, outputs, max_batch_size and batching come from the signature.
-    (root / "keras_dense/config.pbtxt").write_text('name: "keras_dense"\nplatform: "tensorflow_savedmodel"\n')
-    module = Lengths()
-    tf.saved_model.save(module, str(root / "text/1/model.savedmodel"),
-                        signatures={"by_length": module.lengths.get_concrete_function()})
-    (root / "text/config.pbtxt").write_text('name: "text"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 0\n'
-                                            'parameters [ { key: "TF_SIGNATURE_DEF" value: { string_value: '
-                                            '"by_length" } } ]\n')
+    """The models, and what TensorFlow run directly answers for ``ROWS``, made by
+    ``tests/tf_models.py`` in a process of its own (this one has PyTorch loaded)."""
+    root = tmp_path_factory.mktemp("tf") / "repo"
+    root.mkdir()
+    np.save(root.parent / "rows.npy", ROWS)
+    subprocess.run([sys.executable, "-m", "tests.tf_models", str(root), str(root.parent / "rows.npy"),
+                    str(root.parent / "expected.npy")], check=True, cwd=ROOT, timeout=300)
     return root
 
 
@@ -59,8 +48,6 @@ def test_the_config_is_completed_from_the_signature(url: str) -> None:
 
 
 def test_answers_are_tensorflows_own_and_concurrent_requests_batch(repo: Path, url: str) -> None:
-    direct = tf.saved_model.load(str(repo / "keras_dense/1/model.savedmodel")).signatures["serving_default"]
-    rows = np.random.default_rng(2).random((12, 4), dtype=np.float32)
 
     def ask(row: np.ndarray) -> np.ndarray:
         with httpclient.InferenceServerClient(url) as client:
@@ -69,8 +56,8 @@ def test_answers_are_tensorflows_own_and_concurrent_requests_batch(repo: Path, u
             return client.infer("keras_dense", [tensor]).as_numpy("output_0")
 
     with ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(ask, rows))
-    expected = direct(features=tf.constant(rows))["output_0"].numpy()
+        answers = list(pool.map(ask, ROWS))
+    expected = np.load(repo.parent / "expected.npy")
     np.testing.assert_allclose(np.concatenate(answers), expected, rtol=1e-6, atol=1e-6)
     with httpclient.InferenceServerClient(url) as client:
         (row,) = client.get_inference_statistics("keras_dense")["model_stats"]
