@@ -171,6 +171,39 @@ parameters [ {{ key: "FERRY_INSTANCE_PROCESS" value: {{ string_value: "{process}
 '''
 
 
+# BLS with async_exec: an async execute that asks the callee for every row of X at once and sums
+# what comes back, as Triton's async BLS example gathers its requests.
+FANOUT = '''
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "X").as_numpy().reshape(-1)
+            calls = [pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"],
+                                               inputs=[pb_utils.Tensor("INPUT0", np.full((1, 4), v, np.float32)),
+                                                       pb_utils.Tensor("INPUT1", np.full((1, 4), v, np.float32))])
+                     for v in values]
+            answers = await asyncio.gather(*(call.async_exec() for call in calls))
+            total = sum(pb_utils.get_output_tensor_by_name(a, "OUTPUT0").as_numpy()[0, 0] for a in answers)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", np.array([total], np.float32))]))
+        return responses
+'''
+FANOUT_CONFIG = '''
+name: "fanout"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters [ { key: "FERRY_INSTANCE_PROCESS" value: { string_value: "{process}" } } ]
+'''
+
+
 def write(repo: Path, name: str, source: str, config: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1/model.py").write_text(source)
@@ -178,9 +211,10 @@ def write(repo: Path, name: str, source: str, config: str) -> None:
 
 
 def write_all(repo: Path, process: str = "yes") -> None:
-    """add_sub, repeat, auto and bls (calling add_sub) in ``repo``; ``process``: whether each
-    instance runs in a process of its own."""
+    """add_sub, repeat, auto, and bls and fanout (calling add_sub) in ``repo``; ``process``:
+    whether each instance runs in a process of its own."""
     write(repo, "add_sub", ADD_SUB, ADD_SUB_CONFIG.format(name="add_sub", process=process))
     write(repo, "repeat", REPEAT, REPEAT_CONFIG)
     write(repo, "auto", AUTO, AUTO_CONFIG)
     write(repo, "bls", BLS.replace("{callee}", "add_sub"), BLS_CONFIG.format(name="bls", process=process))
+    write(repo, "fanout", FANOUT, FANOUT_CONFIG.replace("{process}", process))

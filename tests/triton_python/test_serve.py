@@ -122,3 +122,12 @@ def test_a_bls_model_loops_over_another_model_until_its_condition_holds(server) 
         for _ in range(12):
             assert loop(5.0, 1.0) == (5.0, 0)
         assert loop(1.5, 100.0) == (192.0, 7)  # 1.5 doubled seven times
+
+
+def test_an_async_bls_model_gathers_its_requests(server) -> None:
+    url, _, _ = server
+    with httpclient.InferenceServerClient(url) as client:
+        x = httpclient.InferInput("X", [5], "FP32")
+        x.set_data_from_numpy(np.array([1, 2, 3, 4, 5], dtype=np.float32))
+        result = client.infer("fanout", [x])
+    assert float(result.as_numpy("SUM")[0]) == 30.0  # each value doubled by add_sub, then summed
