@@ -39,6 +39,7 @@ from gateway.errors import InvalidRequest
 from gateway.management import ModelManager
 from gateway.platforms.default_model import default_model
 from gateway.platforms.binary_body import BinaryBody
+from gateway.platforms.body import read_body
 from gateway.platforms.forwarded import Forwarded
 from gateway.platforms.model_archive import read_archive
 from gateway.responses import error_response, guarded, json_response
@@ -47,6 +48,7 @@ log = structlog.get_logger("ferry.gateway.sagemaker")
 
 BINARY = BinaryBody("application/vnd.sagemaker-triton.binary+json")
 TARGET_MODEL = "x-amzn-sagemaker-target-model"
+LOAD_BODY_LIMIT = 64 * 1024  # a load names a model and a directory
 OUT_OF_MEMORY = (b"CUDA out of memory", b"CUDA_OUT_OF_MEMORY", b"Out of memory", b"Out Of Memory",
                  b"out of memory", b"MemoryError", b"OutOfMemory", b"OOM", b"Failed to allocate memory",
                  b"failed to allocate memory", b"No space left on device")
@@ -161,7 +163,7 @@ class SageMakerApp:
 
     async def _loading(self, request: Request) -> Response:
         try:
-            body = orjson.loads(await request.body())
+            body = orjson.loads(await read_body(request, LOAD_BODY_LIMIT))
         except orjson.JSONDecodeError as exc:
             raise InvalidRequest(f"the load request is not JSON: {exc}") from None
         if not isinstance(body, dict) or not isinstance(body.get("model_name"), str) \

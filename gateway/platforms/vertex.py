@@ -28,10 +28,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gateway.catalog import ModelCatalog
-from gateway.compression import decompress
-from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.errors import InvalidRequest
 from gateway.platforms.default_model import default_model
 from gateway.platforms.binary_body import HEADER_LENGTH, BinaryBody
+from gateway.platforms.body import read_body
 from gateway.platforms.forward import call
 from gateway.platforms.forwarded import Forwarded
 from gateway.platforms.instances import predictions_from, requests_for
@@ -102,7 +102,7 @@ class VertexApp:
         if content_type is not None and BINARY.prefix in content_type:
             return Forwarded(self._main, "POST", f"/v2/models/{model}/infer", BINARY.request_headers(content_type),
                              BINARY.response_headers())
-        body = await self._body(request)
+        body = await read_body(request, self._settings.max_body_bytes)
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -130,18 +130,6 @@ class VertexApp:
         rows = [r.rows for r in requests]
         predictions = predictions_from(config, [orjson.loads(a.body) for a in answers], rows)
         return json_response({"predictions": predictions})
-
-    async def _body(self, request: Request) -> bytes:
-        limit = self._settings.max_body_bytes
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-            chunks.append(chunk)
-        return decompress(b"".join(chunks), request.headers.get("content-encoding"), limit)
-
 
 async def _no_route(request: Request, exc: Exception) -> Response:
     return error_response(f"no Vertex AI route for {request.method} {request.url.path}", 400)

@@ -211,6 +211,13 @@ async def test_a_bad_load_request_is_a_400_that_says_why(tmp_path: Path, body: b
         assert (await client(URL).get("/models")).json() == {"models": []}
 
 
+async def test_a_load_body_past_its_limit_is_a_413(tmp_path: Path) -> None:
+    async with serving(mme_settings(tmp_path), PORT) as client:
+        body = json.dumps({"model_name": "m", "url": "/x" * 40_000}).encode()
+        answer = await client(URL).post("/models", content=body)
+        assert answer.status_code == 413 and "65536-byte limit" in answer.json()["error"], answer.text
+
+
 async def test_an_archive_whose_model_fails_to_load_leaves_nothing_listed(tmp_path: Path) -> None:
     archive = tmp_path / "models/bad/model"
     copy_add_sub(archive)
