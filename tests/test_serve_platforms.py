@@ -4,12 +4,15 @@ on by flag or by the environment each platform sets for its containers."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,13 +40,19 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path / "repo"
 
 
-def add_sub_body(rows: int) -> tuple[np.ndarray, bytes, int]:
+def binary_add_sub(url: str, rows: int, headers: dict[str, str] | None = None) -> tuple[np.ndarray, Any]:
+    """``rows`` rows of add_sub (each input the same array) posted to ``url`` as SageMaker's binary
+    body, as Triton's SageMaker examples build it with tritonclient; the array and the parsed answer."""
     a = np.random.default_rng(rows).random((rows, 16), dtype=np.float32)
     tensors = [triton.InferInput(n, [rows, 16], "FP32") for n in ("INPUT0", "INPUT1")]
     for tensor in tensors:
         tensor.set_data_from_numpy(a)
     body, header_length = triton.InferenceServerClient.generate_request_body(tensors)
-    return a, body, header_length
+    status, answered, answer = request(url, "POST", body,
+                                       {**(headers or {}), "Content-Type": f"{SAGEMAKER_BINARY}{header_length}"})
+    assert status == 200, answer
+    return a, triton.InferenceServerClient.parse_response_body(
+        answer, header_length=int(answered["content-type"][len(SAGEMAKER_BINARY):]))
 
 
 def test_sagemaker_ping_and_binary_invocations_on_their_own_port(repo: Path) -> None:
@@ -51,12 +60,7 @@ def test_sagemaker_ping_and_binary_invocations_on_their_own_port(repo: Path) -> 
     with ferry_serve(repo, "--sagemaker", "--sagemaker-port", str(port)) as url:
         sagemaker = f"http://127.0.0.1:{port}"
         assert request(f"{sagemaker}/ping")[0] == 200
-        a, body, header_length = add_sub_body(3)
-        status, headers, answer = request(f"{sagemaker}/invocations", "POST", body,
-                                          {"Content-Type": f"{SAGEMAKER_BINARY}{header_length}"})
-        assert status == 200, answer
-        result = triton.InferenceServerClient.parse_response_body(
-            answer, header_length=int(headers["content-type"][len(SAGEMAKER_BINARY):]))
+        a, result = binary_add_sub(f"{sagemaker}/invocations", 3)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
         assert request(f"http://{url}/v2/health/ready")[0] == 200  # the V2 port serves as ever
 
@@ -68,16 +72,13 @@ def test_sagemakers_environment_turns_on_multi_model_endpoints(repo: Path, tmp_p
     env = {"SAGEMAKER_BIND_TO_PORT": str(port), "SAGEMAKER_MULTI_MODEL": "true"}
     with ferry_serve(tmp_path / "repo", env=env):  # no flag: the environment says SageMaker, model control explicit
         sagemaker = f"http://127.0.0.1:{port}"
-        status, _, body = request(f"{sagemaker}/models", "POST", json.dumps({"model_name": "a1b2", "url": str(archive)}).encode(),
+        load = json.dumps({"model_name": "a1b2", "url": str(archive)}).encode()
+        status, _, body = request(f"{sagemaker}/models", "POST", load,
                                   {"X-Amzn-SageMaker-Target-Model": "add_sub.tar.gz"})
         assert status == 200, body
-        assert json.loads(request(f"{sagemaker}/models")[2]) == {"models": [{"modelName": "a1b2", "modelUrl": str(archive)}]}
-        a, body, header_length = add_sub_body(2)
-        status, headers, answer = request(f"{sagemaker}/models/a1b2/invoke", "POST", body,
-                                          {"Content-Type": f"{SAGEMAKER_BINARY}{header_length}"})
-        assert status == 200, answer
-        result = triton.InferenceServerClient.parse_response_body(
-            answer, header_length=int(headers["content-type"][len(SAGEMAKER_BINARY):]))
+        listed = {"models": [{"modelName": "a1b2", "modelUrl": str(archive)}]}
+        assert json.loads(request(f"{sagemaker}/models")[2]) == listed
+        a, result = binary_add_sub(f"{sagemaker}/models/a1b2/invoke", 2)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros_like(a))
         assert request(f"{sagemaker}/models/a1b2", "DELETE")[0] == 200
         assert json.loads(request(f"{sagemaker}/models")[2]) == {"models": []}
@@ -89,7 +90,12 @@ def test_vertex_ai_environment_serves_predictions_from_two_http_processes(repo: 
            "AIP_PREDICT_ROUTE": "/predict"}
     with ferry_serve(repo, "--http-workers", "2", env=env):
         vertex = f"http://127.0.0.1:{port}"
-        assert request(f"{vertex}/health")[0] == 200
+        # As Vertex does before it sends traffic: health until every process says ready (each
+        # new connection may reach either; a process that has not yet seen the worker answers 503).
+        deadline, healthy = time.monotonic() + 60, 0
+        while healthy < 8:
+            assert time.monotonic() < deadline, "the Vertex health route never answered 200 eight times running"
+            healthy = healthy + 1 if request(f"{vertex}/health")[0] == 200 else 0
         rows = np.arange(20 * 16, dtype=np.float32).reshape(20, 16)
         for _ in range(4):  # new connections, spread over both processes by the kernel
             instances = [{"INPUT0": row.tolist(), "INPUT1": row.tolist()} for row in rows]
@@ -111,6 +117,6 @@ def test_a_platform_set_up_wrong_stops_the_command_saying_why(repo: Path, extra:
     http = str(free_port())
     command = [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
                "--http-port", http, "--grpc-port", "0", *(arg.format(http=http) for arg in extra)]
-    clean = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("SAGEMAKER_", "AIP_"))}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "AIP_"))}
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**clean, **env})
     assert done.returncode != 0 and words in done.stderr, done.stderr

@@ -43,7 +43,8 @@ name: "{name}"
 backend: "python"
 max_batch_size: 8
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
+         {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 dynamic_batching {{ max_queue_delay_microseconds: 1000 }}
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 parameters [ {{ key: "FERRY_INSTANCE_PROCESS" value: {{ string_value: "{process}" }} }} ]

@@ -51,7 +51,8 @@ async def test_ping_and_invocations_serve_the_default_model_in_json_and_binary(r
         a, b, tensors = add_sub_inputs()
         answer = await sagemaker.post("/invocations", json=json_body(a, b))
         assert answer.status_code == 200, answer.text
-        outputs = {o["name"]: np.array(o["data"], dtype=np.float32).reshape(o["shape"]) for o in answer.json()["outputs"]}
+        outputs = {o["name"]: np.array(o["data"], dtype=np.float32).reshape(o["shape"])
+                   for o in answer.json()["outputs"]}
         np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
         np.testing.assert_array_equal(outputs["OUTPUT1"], a - b)
         assert answer.json() == (await v2.post("/v2/models/add_sub/infer", json=json_body(a, b))).json()
@@ -232,7 +233,8 @@ def test_settings_come_from_sagemakers_environment_under_the_command_line() -> N
     env = {"SAGEMAKER_BIND_TO_PORT": "9090", "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "m",
            "SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_TRITON_PING_MODE": "live"}
     settings = SageMakerSettings.from_environment(env)
-    assert (settings.port, settings.default_model, settings.multi_model, settings.ping_mode) == (9090, "m", True, "live")
+    found = (settings.port, settings.default_model, settings.multi_model, settings.ping_mode)
+    assert found == (9090, "m", True, "live")
     assert SageMakerSettings.from_environment(env, port=7070, default_model=None).port == 7070
     with pytest.raises(ValueError, match="inference_type"):
         SageMakerSettings.from_environment({"SAGEMAKER_TRITON_INFERENCE_TYPE": "guess"})

@@ -52,8 +52,8 @@ async def test_instances_are_batched_to_the_model_and_each_gets_its_prediction(r
 async def test_a_one_input_model_takes_bare_values_strings_and_base64(repo: Path) -> None:
     async with serving(vertex(repo, "words"), PORT) as client:
         platform = client(URL)
-        instances = [["alpha", "beta"], {"IN_BYTES": ["gamma", "δέλτα"]}, [{"b64": base64.b64encode(b"eps").decode()},
-                                                                             "zeta"]]
+        eps = {"b64": base64.b64encode(b"eps").decode()}
+        instances = [["alpha", "beta"], {"IN_BYTES": ["gamma", "δέλτα"]}, [eps, "zeta"]]
         answer = await platform.post(PREDICT, json={"instances": instances})
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"predictions": [["alpha", "beta"], ["gamma", "δέλτα"], ["eps", "zeta"]]}
@@ -73,7 +73,8 @@ async def test_v2_bodies_binary_bodies_and_redirects_as_triton_takes_them(repo: 
         body = {"inputs": [{"name": n, "shape": [2, 16], "datatype": "FP32", "data": a.ravel().tolist()}
                            for n in ("INPUT0", "INPUT1")]}
         answer = await platform.post(PREDICT, json=body)
-        assert answer.status_code == 200 and answer.json() == (await v2.post("/v2/models/add_sub/infer", json=body)).json()
+        direct = await v2.post("/v2/models/add_sub/infer", json=body)
+        assert answer.status_code == 200 and answer.json() == direct.json()
 
         tensors = [triton.InferInput(n, [2, 16], "FP32") for n in ("INPUT0", "INPUT1")]
         for tensor in tensors:
@@ -89,9 +90,11 @@ async def test_v2_bodies_binary_bodies_and_redirects_as_triton_takes_them(repo: 
         answer = await platform.post(PREDICT, headers=redirect)
         assert answer.status_code == 200 and answer.json()["name"] == "whole"
         body = {"inputs": [{"name": "IN_FP32", "shape": [2], "datatype": "FP32", "data": [7.0, 8.0]}]}
-        answer = await platform.post(PREDICT, json=body, headers={"X-Vertex-Ai-Triton-Redirect": "v2/models/whole/infer"})
+        answer = await platform.post(PREDICT, json=body,
+                                     headers={"X-Vertex-Ai-Triton-Redirect": "v2/models/whole/infer"})
         assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [7.0, 8.0]
-        assert (await platform.post(PREDICT, headers={"X-Vertex-Ai-Triton-Redirect": "v2/health/ready"})).status_code == 200
+        ready = await platform.post(PREDICT, headers={"X-Vertex-Ai-Triton-Redirect": "v2/health/ready"})
+        assert ready.status_code == 200
         assert (await platform.get(PREDICT)).status_code == 400  # Vertex posts; nothing else is routed
         assert (await v2.get(HEALTH)).status_code == 404
 
@@ -100,7 +103,8 @@ async def test_v2_bodies_binary_bodies_and_redirects_as_triton_takes_them(repo: 
     ("add_sub", b"{not json", "not JSON"),
     ("add_sub", json.dumps({"instances": []}).encode(), "'instances' must be a non-empty array"),
     ("add_sub", json.dumps({"instances": [[1.0] * 16]}).encode(), "each instance must be an object"),
-    ("add_sub", json.dumps({"instances": [{"INPUT0": [1.0] * 16, "INPUT9": [1.0]}]}).encode(), "unknown input 'INPUT9'"),
+    ("add_sub", json.dumps({"instances": [{"INPUT0": [1.0] * 16, "INPUT9": [1.0]}]}).encode(),
+     "unknown input 'INPUT9'"),
     ("add_sub", json.dumps({"instances": [{"INPUT0": [1.0] * 16}]}).encode(), "no value for input 'INPUT1'"),
     ("add_sub", json.dumps({"instances": [{"INPUT0": [1.0] * 16, "INPUT1": [1.0] * 16}],
                             "extra": 1}).encode(), "unknown field 'extra'"),
