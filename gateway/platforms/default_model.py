@@ -1,5 +1,7 @@
-"""The model a platform's single-model route serves: the one configured, else
-the repository's only ready model (as Triton picks it)."""
+"""The model a platform's single-model route serves: the one configured, else the
+repository's only model. Triton picks among the models ready at start; ferry's
+readiness comes and goes with the fleet's heartbeats, so it picks from the
+repository, and a model not ready yet is answered as any request to it is (503)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from gateway.errors import InvalidRequest
 def default_model(catalog: ModelCatalog, configured: str, flag: str) -> str:
     if configured:
         return configured
-    ready = sorted({row["name"] for row in catalog.states(ready_only=True)})
-    if len(ready) != 1:
-        raise InvalidRequest(f"{len(ready)} models are ready: name the one this route serves with {flag}")
-    return ready[0]
+    names = catalog.names()
+    if len(names) != 1:
+        raise InvalidRequest(f"the repository has {len(names)} models: name the one this route serves with {flag}")
+    return names[0]
