@@ -110,7 +110,10 @@ class VertexApp:
         if not (isinstance(parsed, dict) and "instances" in parsed):
             answer = await call(self._main, request.scope, request.receive, "POST", f"/v2/models/{model}/infer", body,
                                 {HEADER_LENGTH: None, b"accept-encoding": None})
-            return Response(answer.body, answer.status, media_type="application/json")
+            # Binary outputs the JSON body asked for keep their header length, in Vertex's content type.
+            kept = [(k.decode(), v.decode()) for k, v in BINARY.response_headers()(answer.headers)
+                    if k.lower() != b"content-length"]
+            return Response(answer.body, answer.status, headers=dict(kept))
         return await self._instances(request, model, parsed)
 
     async def _instances(self, request: Request, model: str, parsed: dict[str, Any]) -> Response:

@@ -86,6 +86,14 @@ async def test_v2_bodies_binary_bodies_and_redirects_as_triton_takes_them(repo: 
             answer.content, header_length=int(answer.headers["content-type"][len(BINARY):]))
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
 
+        # A JSON body that asks for a binary output gets it with its header length in Vertex's content type.
+        asked = {**body, "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}
+        answer = await platform.post(PREDICT, json=asked)
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith(BINARY), answer.headers
+        result = triton.InferenceServerClient.parse_response_body(
+            answer.content, header_length=int(answer.headers["content-type"][len(BINARY):]))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
         redirect = {"X-Vertex-Ai-Triton-Redirect": "v2/models/whole/config"}
         answer = await platform.post(PREDICT, headers=redirect)
         assert answer.status_code == 200 and answer.json()["name"] == "whole"
