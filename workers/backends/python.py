@@ -33,8 +33,6 @@ from workers.backends.triton_python import pb_utils
 from workers.backends.triton_python.adapter import CLASS_NAME, TritonPythonBackend
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError
 
-PB_UTILS = "triton_python_backend_utils"
-
 
 class PythonBackend:
     calls_models = True  # a Triton model's BLS requests wait on the worker's event loop: never run on it
@@ -110,7 +108,7 @@ class PythonBackend:
             raise ModelLoadError(f"{path}: not an importable Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        sys.modules.setdefault(PB_UTILS, pb_utils)  # what Triton's Python models import
+        pb_utils.make_importable()
         try:
             spec.loader.exec_module(module)
         except Exception as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from workers.backends.triton_python import pb_utils
 from workers.backends.triton_python.adapter import CLASS_NAME
 from workers.errors import ConfigError
 
-PB_UTILS = "triton_python_backend_utils"
 
 
 class AutoCompleteModelConfig:
@@ -95,7 +93,7 @@ def complete(config_path: Path, raw: dict[str, Any], model_file: Path) -> dict[s
 
 
 def _model_class(config_path: Path, model_file: Path) -> Any:
-    sys.modules.setdefault(PB_UTILS, pb_utils)
+    pb_utils.make_importable()
     name = f"ferry_autocomplete_{abs(hash(str(model_file)))}"
     spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None or spec.loader is None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+MODULE_NAME = "triton_python_backend_utils"  # the name Triton's Python models import this module by
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -263,3 +264,10 @@ def deserialize_bytes_tensor(encoded: bytes) -> np.ndarray:
         items.append(bytes(encoded[offset:offset + length]))
         offset += length
     return np.array(items, dtype=np.object_)
+
+
+def make_importable() -> None:
+    """Let ``import triton_python_backend_utils`` find this module, before a model's ``model.py`` runs."""
+    import sys
+
+    sys.modules.setdefault(MODULE_NAME, sys.modules[__name__])
