@@ -46,7 +46,7 @@ from gateway.status import ANSWERED, status_for, status_for_code
 from gateway.v2_codec import ParsedInfer, RequestedOutput
 from workers.datatypes import decode_array, encode_array
 from workers.recovery import RecoverySettings
-from workers.runner import FINAL_FLAG
+from workers.responder import FINAL_FLAG
 from workers.worker import WorkerSettings
 
 Tensors = dict[str, np.ndarray]

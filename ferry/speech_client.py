@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import orjson
@@ -44,6 +45,9 @@ from broker.redis_url import async_client
 
 SAMPLE_RATE = 16_000
 CHUNK_READ = 64
+
+# XREAD's reply as redis-py gives it over RESP2: [(stream, [(id, fields), ...])].
+_StreamReply = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
 
 class SpeechError(Exception):
@@ -146,8 +150,8 @@ class SpeechSession:
         async with self._reading:
             if enough():
                 return
-            reply = await self._redis.xread({self.reply_channel: self._last_id}, count=count,
-                                             block=max(1, round(timeout_s * 1000)))
+            reply = cast(_StreamReply, await self._redis.xread({self.reply_channel: self._last_id}, count=count,
+                                                               block=max(1, round(timeout_s * 1000))))
             if not reply:
                 raise SpeechError(f"no reply from model '{self.model}' within {timeout_s:g} s")
             for message_id, fields in reply[0][1]:

@@ -19,7 +19,7 @@ from workers.model_set import Served
 from workers.repository.fingerprint import fingerprint
 from workers.repository.layout import ModelEntry, ModelRepository
 from workers.repository.overrides import LoadOverrides, Materialized, materialize
-from workers.runner import Runner
+from workers.responder import Runner
 from workers.warmup import warm_up
 
 log = structlog.get_logger("ferry.loader")

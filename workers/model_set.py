@@ -22,7 +22,7 @@ from workers.errors import ModelNotFound
 from workers.repository.fingerprint import Fingerprint
 from workers.repository.layout import ModelEntry
 from workers.repository.overrides import Materialized
-from workers.runner import Runner
+from workers.responder import Runner
 
 log = structlog.get_logger("ferry.models")
 

@@ -1,9 +1,8 @@
 """One loaded model version: its backend instances and its dynamic batcher.
 
-``Runner`` is what a worker serves a model version with: a ``ModelRunner``
-here, or an ``EnsembleRunner`` (``workers.ensemble.runner``). The worker asks
-it for a response, or a decoupled model's responses as a stream, and never
-which kind it is.
+``ModelRunner`` is one of the two kinds of ``Runner`` (``workers.responder``)
+a worker serves a model version with; ``EnsembleRunner``
+(``workers.ensemble.runner``) is the other.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import structlog
@@ -29,8 +27,9 @@ from workers.batching.buffers import BatchBuffers
 from workers.batching.inline import InlineCompute
 from workers.batching.tensors import batch_key, rows_of, split
 from workers.datatypes import encode_array
-from workers.errors import ExecutionError, ModelLoadError, RequestTimeout, WorkerError
+from workers.errors import ExecutionError, ModelLoadError, RequestTimeout
 from workers.rate_limit import Needs, RateLimiter
+from workers.responder import FINAL_FLAG, Clocks
 from workers.repository.config import InstanceGroup, ModelConfig
 from workers.repository.layout import ModelEntry
 from workers.sequences.batcher import SequenceBatcher, SequenceSpec
@@ -46,47 +45,6 @@ BackendFactory = Callable[[ModelContext], Backend]
 StateStoreFactory = Callable[[ModelConfig], StateStore]  # where a model's sequences keep state
 Tensors = dict[str, np.ndarray]
 
-FINAL_FLAG = "triton_final_response"  # Triton's name for the flag on a decoupled model's responses
-
-
-class Responder(Protocol):
-    """What answers a request: ``respond`` raises a WorkerError on failure."""
-
-    @property
-    def entry(self) -> ModelEntry: ...
-
-    @property
-    def version(self) -> int: ...
-
-    async def respond(self, request: Request, timeline: Timeline | None = None) -> Response: ...
-
-    def respond_stream(self, request: Request) -> AsyncIterator[Response]:
-        """A decoupled model's responses, each tagged ``FINAL_FLAG`` False."""
-        ...
-
-
-class Runner(Responder, Protocol):
-    """A model version as a worker serves it: sized, started and closed."""
-
-    @property
-    def config(self) -> ModelConfig: ...
-
-    @property
-    def capacity(self) -> int: ...
-
-    @property
-    def priority_levels(self) -> int: ...
-
-    @property
-    def retries_failures(self) -> bool:
-        """Whether a failed request may be released for another try."""
-        ...
-
-    async def start(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class _Item:
     """What waits in the dynamic batcher: a request's inputs and its timeline."""
@@ -94,12 +52,6 @@ class _Item:
     tensors: Tensors
     timeline: Timeline | None
     rows: int  # rows_of(tensors) for a batching model, else 1
-
-
-@dataclass(frozen=True, slots=True)
-class Clocks:
-    monotonic: Callable[[], float] = time.monotonic
-    wall_ns: Callable[[], int] = time.time_ns
 
 
 def batch_policy(config: ModelConfig) -> BatchPolicy:
@@ -395,10 +347,3 @@ def _select(outputs: Tensors, wanted: Sequence[str]) -> Tensors:
 def _wire(name: str, array: np.ndarray) -> WireTensor:
     datatype, data = encode_array(array)
     return WireTensor(name=name, datatype=datatype, shape=tuple(array.shape), data=data)
-
-
-def error_of(exc: BaseException) -> WorkerError:
-    """Any failure as a WorkerError whose code can travel on the wire."""
-    if isinstance(exc, WorkerError):
-        return exc
-    return ExecutionError(f"{type(exc).__name__}: {exc}")

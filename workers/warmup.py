@@ -18,7 +18,7 @@ from workers.errors import ModelLoadError
 from workers.repository.config import ModelConfig
 from workers.repository.safe_paths import inside
 from workers.repository.warmup_config import WARMUP_DIR, WarmupInput, WarmupSample
-from workers.runner import Runner
+from workers.responder import Runner
 
 log = structlog.get_logger("ferry.warmup")
 

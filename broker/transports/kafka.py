@@ -45,20 +45,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
 
-from broker.errors import MessageTooLarge, TransportError
+from broker.errors import MessageTooLarge
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
+from broker.transports.kafka_admin import cap_topic, create_topic, group_lag_bases, topic_limit
 from broker.transports.kafka_api import (
-    FAST_CRC, ConfigResource, ConfigResourceType, KafkaAdminClient, KafkaConnectionError, KafkaError,
-    KafkaProducer, MessageSizeTooLargeError, OffsetSpec, TopicAlreadyExistsError, TopicPartition,
-    UnknownBrokerIdError, UnknownTopicOrPartitionError, reachable,
+    FAST_CRC, KafkaAdminClient, KafkaConnectionError, KafkaError, KafkaProducer, MessageSizeTooLargeError,
+    UnknownBrokerIdError, reachable,
 )  # fmt: skip
 from broker.transports.kafka_marks import ATTEMPTS_HEADER, KEY_HEADER
 from broker.transports.kafka_member import GroupMember
@@ -66,11 +65,6 @@ from broker.transports.kafka_settings import KafkaSettings
 
 log = structlog.get_logger("ferry.broker.kafka")
 
-MAX_REPLICATION = 3
-# A group's coordinator can be briefly unavailable (a fresh cluster creating
-# __consumer_offsets on the first lookup, a coordinator moving): read again.
-COORDINATOR_RETRY_S = 10.0
-COORDINATOR_BACKOFF_S = 0.2
 # The transport's own headers, which ``release`` sets afresh.
 OWN_HEADERS = frozenset({ATTEMPTS_HEADER, KEY_HEADER})
 # A record batch header (61 bytes) and one record's own framing, with room to spare: a payload
@@ -248,15 +242,8 @@ class KafkaTransport(BaseTransport):
         self._warm[topic] = tuple(sorted(producer.partitions_for(topic) or ()))
 
     def _topic_limit(self, topic: str) -> int | None:
-        """The topic's ``max.message.bytes``; None when the cluster will not say."""
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, configs=["max.message.bytes"])
-        try:
-            with self._admin_lock:
-                described = self._admin_client().describe_configs([resource])
-            return int(described["topic"][topic]["max.message.bytes"]["value"])
-        except (KafkaError, KeyError, TypeError, ValueError) as exc:
-            log.info("kafka.topic_limit_unknown", topic=topic, error=str(exc))
-            return None
+        with self._admin_lock:
+            return topic_limit(self._admin_client(), topic)
 
     def _drop_producer(self) -> None:
         with self._admin_lock:
@@ -304,53 +291,16 @@ class KafkaTransport(BaseTransport):
             self._topics.add(topic)
 
     def _create_topic(self, topic: str) -> None:
-        settings = self._settings
         with self._admin_lock:
-            admin = self._admin_client()
-            brokers = len(admin.describe_cluster()["brokers"])
-            replicas = settings.replication_factor or min(MAX_REPLICATION, max(1, brokers))
-            if replicas > brokers:
-                raise TransportError(f"kafka: replication_factor={replicas} for topic '{topic}', but the cluster "
-                                     f"has {brokers} broker(s)")
-            in_sync = settings.min_insync_replicas or max(1, replicas - 1)
-            spec = {
-                "num_partitions": settings.partitions,
-                "replication_factor": replicas,
-                "configs": {"max.message.bytes": str(settings.max_message_bytes + (1 << 20)),
-                            "min.insync.replicas": str(in_sync)},
-            }
-            try:
-                admin.create_topics({topic: spec}, wait_for_metadata=True)
-            except TopicAlreadyExistsError:
-                pass
+            create_topic(self._admin_client(), topic, self._settings)
 
     def _cap(self, topic: str, max_count: int) -> int:
         with self._admin_lock:
-            admin = self._admin_client()
-            bounds = _partition_bounds(admin, topic)
-            if not bounds:
-                return 0
-            tps = sorted(bounds, key=lambda tp: tp.partition)
-            cuts = {tp: bounds[tp][1] - quota for tp, quota in zip(tps, shares(max_count, len(tps)))
-                    if bounds[tp][1] - bounds[tp][0] > quota}
-            if cuts:
-                admin.delete_records(cuts)
-        return sum(cut - bounds[tp][0] for tp, cut in cuts.items())
+            return cap_topic(self._admin_client(), topic, max_count)
 
     def _group_lag_bases(self, topic: str, group: str) -> dict[int, tuple[int, int]] | None:
-        """Per partition: (the group's committed offset or the log start, the log end); None if no topic."""
         with self._admin_lock:
-            admin = self._admin_client()
-            bounds = _partition_bounds(admin, topic)
-            if bounds is None:
-                return None
-            committed = _committed_offsets(admin, group, list(bounds))
-        bases = {}
-        for tp, (start, end) in bounds.items():
-            mark = committed.get(tp)
-            base = mark.offset if mark is not None and mark.offset >= 0 else start
-            bases[tp.partition] = (base, end)
-        return bases
+            return group_lag_bases(self._admin_client(), topic, group)
 
     def _close_clients(self) -> None:
         if self._producer is not None:
@@ -362,11 +312,6 @@ class KafkaTransport(BaseTransport):
         with self._admin_lock:
             if self._admin is not None:
                 self._admin.close()
-
-
-def shares(total: int, parts: int) -> list[int]:
-    """``total`` split over ``parts`` as evenly as whole numbers allow, larger shares first."""
-    return [total // parts + (1 if part < total % parts else 0) for part in range(parts)]
 
 
 def _position(message_id: str) -> tuple[int, int]:
@@ -392,25 +337,3 @@ def _settle(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], value: A
         loop.call_soon_threadsafe(settle)
     except RuntimeError:
         pass  # the loop has closed; nobody awaits the send any more
-
-
-def _partition_bounds(admin: Any, topic: str) -> dict[TopicPartition, tuple[int, int]] | None:
-    """Per partition of ``topic``: (log start, log end) offsets; None if there is no such topic."""
-    (described,) = admin.describe_topics([topic])
-    if described["error_code"] == UnknownTopicOrPartitionError.errno:
-        return None
-    tps = [TopicPartition(topic, p["partition_index"]) for p in described["partitions"]]
-    starts = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
-    ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
-    return {tp: (starts[tp].offset, ends[tp].offset) for tp in tps}
-
-
-def _committed_offsets(admin: KafkaAdminClient, group: str, tps: list[TopicPartition]) -> dict[Any, Any]:
-    deadline = time.monotonic() + COORDINATOR_RETRY_S
-    while True:
-        try:
-            return dict(admin.list_group_offsets({group: tps}).get(group, {}))
-        except KafkaError as exc:
-            if not exc.retriable or time.monotonic() >= deadline:
-                raise
-            time.sleep(COORDINATOR_BACKOFF_S)

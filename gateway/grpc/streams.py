@@ -26,7 +26,7 @@ from gateway.shared_memory.binding import BoundRequest, bind
 from gateway.shared_memory.regions import SharedMemoryRegions
 from gateway.status import ANSWERED
 from gateway.v2_codec import Classify, RequestedOutput
-from workers.runner import FINAL_FLAG
+from workers.responder import FINAL_FLAG
 
 log = structlog.get_logger("ferry.gateway.grpc")
 

@@ -10,7 +10,8 @@ import pytest
 
 from broker.errors import BrokerError, TransportError
 from broker.transport import Delivery
-from broker.transports.kafka import KafkaTransport, shares
+from broker.transports.kafka import KafkaTransport
+from broker.transports.kafka_admin import shares
 from broker.transports.kafka_settings import KafkaSettings
 from tests.redis_server import free_port
 

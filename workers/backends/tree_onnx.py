@@ -111,13 +111,13 @@ def _graph(ensemble: _Ensemble, features: int, classes: int, base: list[float], 
     from onnx import TensorProto, helper
 
     nodes, targets = ensemble.nodes, ensemble.targets
-    tree = helper.make_node(
-        "TreeEnsembleRegressor", ["input"], ["margin"], domain="ai.onnx.ml",
-        n_targets=classes, aggregate_function="AVERAGE" if average else "SUM", post_transform="NONE",
-        base_values=base if any(base) else None,
+    attributes: dict[str, Any] = {
+        "n_targets": classes, "aggregate_function": "AVERAGE" if average else "SUM", "post_transform": "NONE",
+        "base_values": base if any(base) else None,
         **{f"nodes_{k}": v for k, v in nodes.items()},
         **{f"target_{k}": v for k, v in targets.items()},
-    )
+    }
+    tree = helper.make_node("TreeEnsembleRegressor", ["input"], ["margin"], domain="ai.onnx.ml", **attributes)
     graph = helper.make_graph(
         [tree], "trees",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, features])],

@@ -111,7 +111,7 @@ def refuse_pickle(path: Path) -> None:
             "run where you trust the pickle) and set model_type to treelite_checkpoint")
 
 
-def _scores(raw: np.ndarray, rows: int) -> np.ndarray:
+def _scores(raw: Any, rows: int) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(raw, dtype=np.float32).reshape(rows, -1))
 
 
@@ -134,7 +134,7 @@ class _LightGBMNative:
     def __init__(self, forest: ForestFile) -> None:
         import lightgbm
 
-        self._booster = lightgbm.Booster(model_file=str(forest.path))
+        self._booster: Any = lightgbm.Booster(model_file=str(forest.path))
         self._threads = forest.threads
         self.num_features = self._booster.num_feature()
 
@@ -214,7 +214,7 @@ class _Tl2cgen:
         model = load_treelite(forest)
         self.num_features = model.num_feature
         library = compiled_library(forest, model)
-        self._predictor = tl2cgen.Predictor(str(library), nthread=forest.threads)
+        self._predictor: Any = tl2cgen.Predictor(str(library), nthread=forest.threads)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         import tl2cgen

@@ -16,7 +16,7 @@ from broker.envelope import Request, Response, decode_response, encode_response
 from broker.errors import EnvelopeError
 from workers.cache.key import cache_key
 from workers.cache.store import ResponseCache
-from workers.runner import Responder
+from workers.responder import Responder
 from workers.telemetry.timeline import CACHE_HIT, CACHE_MISS, Timeline
 
 log = structlog.get_logger("ferry.cache")

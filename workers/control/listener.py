@@ -24,7 +24,7 @@ from workers.control.messages import (
 )
 from workers.errors import WorkerError
 from workers.repository.overrides import LoadOverrides
-from workers.runner import error_of
+from workers.responder import error_of
 
 log = structlog.get_logger("ferry.control")
 

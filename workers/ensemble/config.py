@@ -154,7 +154,8 @@ def find_cycle(scheduling: EnsembleScheduling) -> list[int]:
 class _Entry(Protocol):
     """What ``step_errors`` needs of a repository's ModelEntry."""
 
-    path: Path
+    @property
+    def path(self) -> Path: ...
 
     @property
     def config(self) -> Any: ...

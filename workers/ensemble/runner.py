@@ -27,7 +27,7 @@ from workers.ensemble.plan import TOTAL_LATENCY, Plan, PlannedStep, StepFailure,
 from workers.errors import ExecutionError, ModelLoadError, StepError, WorkerError
 from workers.repository.config import ModelConfig
 from workers.repository.layout import ModelEntry
-from workers.runner import Clocks, error_of
+from workers.responder import Clocks, error_of
 from workers.telemetry import Timeline
 from workers.validation import check_outputs, prepare_inputs
 

@@ -150,9 +150,9 @@ class ModelRepository:
                                platform="tensorflow_savedmodel", backend="tensorflow")
         elif backend == "python" and versions and needs_completion(path / str(versions[-1]) / filename):
             raw = complete_python(config_path, raw, path / str(versions[-1]) / filename)
-        config = load_config(config_path, raw)
-        _check_label_files(config_path, config)
-        return ModelEntry(name, path, config, versions)
+        loaded = load_config(config_path, raw)
+        _check_label_files(config_path, loaded)
+        return ModelEntry(name, path, loaded, versions)
 
     def _directory_names(self) -> list[str]:
         try:

@@ -22,7 +22,7 @@ Its rooms, after dramatiq's Worker, consumer and worker threads:
 """
 
 from workers.model_loader import RunnerFactory
-from workers.runner import FINAL_FLAG
+from workers.responder import FINAL_FLAG
 from workers.worker.delivery import JobGate
 from workers.worker.lifecycle import Worker
 from workers.worker.settings import WorkerSettings

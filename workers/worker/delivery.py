@@ -36,7 +36,7 @@ from broker.transport import Delivery
 from workers.cache.cached import AnswerCache
 from workers.errors import ModelNotFound
 from workers.formats.envelope import MessageFormat
-from workers.runner import FINAL_FLAG, Responder, error_of
+from workers.responder import FINAL_FLAG, Responder, error_of
 from workers.sequences.sessions import CHANNEL_PARAMETER, SequenceLocks, SessionRouting
 from workers.telemetry import Observer, Timeline
 from workers.telemetry.timeline import CANCELLED, EXHAUSTED, REJECTED, RELEASED

@@ -29,7 +29,8 @@ from workers.model_set import ModelSet, Served
 from workers.repository.config import ModelConfig
 from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex
 from workers.repository.overrides import LoadOverrides
-from workers.runner import Clocks, ModelRunner, Runner
+from workers.runner import ModelRunner
+from workers.responder import Clocks, Runner
 from workers.sequences.sessions import LocalSessions, SessionRouting
 from workers.telemetry import NO_OBSERVER, Observer
 from workers.worker.consumer import Channels, Consumer

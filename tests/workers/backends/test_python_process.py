@@ -21,7 +21,8 @@ from tests.models import COUNTDOWN, COUNTDOWN_CONFIG, write_python_model
 from tests.procfs import child_pids
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError
 from workers.repository.layout import ModelRepository
-from workers.runner import ModelRunner, error_of
+from workers.runner import ModelRunner
+from workers.responder import error_of
 from workers.warmup import warm_up
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,7 +17,7 @@ from workers.backends.base import ModelContext
 from workers.backends.python_wire import Channel, ChannelClosed, context_body, context_from, error_body, error_from
 from workers.errors import ExecutionError, InvalidInput, ModelLoadError, TensorError
 from workers.repository.layout import ModelRepository
-from workers.runner import error_of
+from workers.responder import error_of
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
 
