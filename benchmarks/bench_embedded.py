@@ -6,8 +6,15 @@ concurrencies, with the model's ``dynamic_batching`` on (its config as is) and o
 block removed, so every request runs alone). Prints a table and writes JSON; the key figure
 is ferry with batching at the highest concurrency over the best in-process throughput.
 
+With ``--mlserver PYTHON`` (a Python whose environment has MLServer; see
+``mlserver_rival.py``), ferry and MLServer also serve the same image as a KServe V2 JSON body
+(each element written with four decimals), both running at once and measured in turn at each
+concurrency; the second key figure is ferry's JSON throughput over MLServer's at the highest.
+
     python benchmarks/bench_embedded.py            # the full run, about a minute
     python benchmarks/bench_embedded.py --quick    # a smoke run
+    python -m venv /tmp/mlserver && /tmp/mlserver/bin/pip install mlserver==1.7.1 onnxruntime
+    python benchmarks/bench_embedded.py --mlserver /tmp/mlserver/bin/python
 """
 
 from __future__ import annotations
@@ -31,9 +38,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script, benchmarks/ is on the path but not the repository
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks import cpu, profiling  # noqa: E402
+from benchmarks import cpu, mlserver_rival, profiling  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
-    LoadResult, LoadSpec, Target, TensorSpec, event_loop_runner, infer_request, probe, run_load,
+    LoadResult, LoadSpec, Target, TensorSpec, event_loop_runner, http_request, infer_request, probe, run_load,
 )
 from benchmarks.ort_inprocess import MODE as ORT_MODE, measure_ort  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
@@ -44,8 +51,10 @@ MODEL_DIR = REPO_ROOT / "model_repo" / "cnn"
 MODEL_NAME = "cnn"
 IMAGE_SHAPE = (3, 128, 128)
 OUTPUT_BYTES = 10 * 4          # PROBS: FP32 [1, 10]
-TARGET_RATIO = 0.7
+TARGET_RATIO = 0.9
+MLSERVER_TARGET_RATIO = 2.0
 BATCHING, NO_BATCHING = "ferry, batching", "ferry, no batching"
+FERRY_JSON, MLSERVER_JSON = "ferry, JSON", "MLServer, JSON"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "embedded.json"
 WINDOWS = WindowOptions(full=Window(duration_s=4.0, warmup_s=2.0), quick=Window(duration_s=1.0, warmup_s=0.5))
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
@@ -61,6 +70,7 @@ class BenchSettings:
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     profile: bool = False
+    mlserver: Path | None = None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true",
                         help="afterwards, sample the server with py-spy during one more batching run "
                              "at the highest concurrency (needs py-spy; not part of the table)")
+    parser.add_argument("--mlserver", type=Path, metavar="PYTHON",
+                        help="also serve JSON bodies with ferry and with MLServer from this Python's environment")
     return parser
 
 
@@ -82,12 +94,25 @@ def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     args = _parser().parse_args(argv)
     return BenchSettings(
         **asdict(WINDOWS.chosen(args)), out=args.out, skip_ort=args.skip_ort, batch_sizes=args.batch_sizes,
-        concurrency=args.concurrency, profile=args.profile,
+        concurrency=args.concurrency, profile=args.profile, mlserver=args.mlserver,
     )
 
 
+def _image() -> np.ndarray:
+    return np.random.default_rng(1).random((1, *IMAGE_SHAPE), dtype=np.float32)
+
+
+def _json_target(server: RunningServer) -> Target:
+    data = [round(value, 4) for value in _image().ravel().tolist()]
+    body = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "FP32", "shape": [1, *IMAGE_SHAPE], "data": data}]},
+                      separators=(",", ":")).encode()
+    request = http_request(server.host, server.port, "POST", f"/v2/models/{MODEL_NAME}/infer", body,
+                           {"Content-Type": "application/json"})
+    return Target(server.host, server.port, request, None)
+
+
 def _target(server: RunningServer) -> Target:
-    image = np.random.default_rng(1).random((1, *IMAGE_SHAPE), dtype=np.float32)
+    image = _image()
     tensor = TensorSpec("IMAGE", "FP32", image.shape, image.tobytes())
     return Target(server.host, server.port, infer_request(server.host, server.port, MODEL_NAME, tensor),
                   OUTPUT_BYTES)
@@ -152,6 +177,31 @@ def run_ferry(mode: str, settings: BenchSettings, scratch: Path) -> tuple[list[S
     return summaries, profile
 
 
+def run_json(python: Path, settings: BenchSettings, scratch: Path) -> list[Summary]:
+    """ferry and MLServer, both up at once, measured in turn at each concurrency on JSON bodies."""
+    found = mlserver_rival.version(python)
+    if found is None:
+        raise SystemExit(f"--mlserver {python}: no mlserver in that environment")
+    print(f"{FERRY_JSON} against MLServer {found}, JSON: both serving, measured in turn", flush=True)
+    repository = scratch / "json"
+    repository.mkdir()
+    copy_model(MODEL_DIR, repository, dynamic_batching=True)
+    with (ferry_server(repository, scratch / "ferry-json.log") as ferry,
+          mlserver_rival.mlserver_server(python, scratch / "mlserver", MODEL_NAME, MODEL_DIR / "1" / "model.onnx",
+                                         scratch / "mlserver.log", max_batch_size=64, max_delay_s=0.002) as rival,
+          event_loop_runner() as runner):
+        targets = {FERRY_JSON: (_json_target(ferry), ferry.pid), MLSERVER_JSON: (_json_target(rival), rival.pid)}
+        for target, _ in targets.values():
+            runner.run(probe(target))
+        summaries = []
+        for concurrency in settings.concurrency:
+            spec = LoadSpec(concurrency, settings.warmup_s, settings.duration_s)
+            for mode, (target, pid) in targets.items():
+                summaries.append(runner.run(_measure_point(mode, target, spec, pid)))
+                print(f"  {_row(summaries[-1])}", flush=True)
+    return summaries
+
+
 def with_ratios(summaries: list[Summary]) -> tuple[list[Summary], float | None]:
     ort = [summary.images_per_s for summary in summaries if summary.mode == ORT_MODE]
     best = max(ort) if ort else None
@@ -188,6 +238,16 @@ def _maybe(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def json_figure(summaries: list[Summary], settings: BenchSettings) -> dict[str, object] | None:
+    point = f"concurrency {max(settings.concurrency)}"
+    pair = {s.mode: s for s in summaries if s.point == point and s.mode in (FERRY_JSON, MLSERVER_JSON)}
+    if len(pair) < 2 or not pair[MLSERVER_JSON].images_per_s:
+        return None
+    ratio = pair[FERRY_JSON].images_per_s / pair[MLSERVER_JSON].images_per_s
+    return {"name": f"{FERRY_JSON} / {MLSERVER_JSON} at {point}", "value": ratio,
+            "target": MLSERVER_TARGET_RATIO, "met": ratio >= MLSERVER_TARGET_RATIO}
+
+
 def key_figure(summaries: list[Summary], settings: BenchSettings) -> dict[str, object]:
     point = f"concurrency {max(settings.concurrency)}"
     ferry = next((s for s in summaries if s.mode == BATCHING and s.point == point), None)
@@ -220,6 +280,7 @@ def write_json(path: Path, settings: BenchSettings, summaries: list[Summary], be
         "results": [summary.to_json() for summary in summaries],
         "best_ort_images_per_s": best,
         "key_figure": key_figure(summaries, settings),
+        "json_figure": json_figure(summaries, settings),
         "server_profile": profile.to_json() if profile is not None else None,
     }
     path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
@@ -249,12 +310,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows, mode_profile = run_ferry(mode, settings, Path(scratch))
             summaries += rows
             profile = profile or mode_profile
+        if settings.mlserver is not None:
+            summaries += run_json(settings.mlserver, settings, Path(scratch))
     summaries, best = with_ratios(summaries)
     print_table(summaries)
     print_cpu_table(summaries)
     figure = key_figure(summaries, settings)
     if figure["value"] is not None:
         print(f"\nkey figure: {figure['name']} = {figure['value']:.2f} (target >= {TARGET_RATIO})")
+    versus = json_figure(summaries, settings)
+    if versus is not None:
+        print(f"JSON figure: {versus['name']} = {versus['value']:.2f} (target >= {MLSERVER_TARGET_RATIO})")
     print_profile(profile)
     write_json(settings.out, settings, summaries, best, profile)
     print(f"\nwrote {settings.out}")

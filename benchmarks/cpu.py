@@ -71,7 +71,8 @@ def tree_cpu_s(roots: Iterable[int]) -> float | None:
 
 
 def sample(server_pid: int) -> CpuSample:
-    return CpuSample(client_s=time.process_time(), server_s=process_cpu_s(server_pid))
+    """This process's CPU time, and that of the server with every process it started."""
+    return CpuSample(client_s=time.process_time(), server_s=tree_cpu_s([server_pid]))
 
 
 def cores_used(before: CpuSample, after: CpuSample, elapsed_s: float) -> tuple[float, float | None]:

@@ -29,7 +29,8 @@ class Target:
     host: str
     port: int
     request: bytes                  # a complete HTTP/1.1 request, sent as is
-    expected_binary_bytes: int      # output bytes after the JSON header of a good response
+    # output bytes after the JSON header of a good response; None: a good response is all JSON
+    expected_binary_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,9 @@ async def read_response(reader: asyncio.StreamReader) -> HttpReply:
 def _problem(target: Target, reply: HttpReply) -> str | None:
     if reply.status != 200:
         return f"HTTP {reply.status}: {reply.body[:200]!r}"
+    if target.expected_binary_bytes is None:
+        json_outputs = reply.header_length is None and reply.body.startswith(b"{") and b'"outputs"' in reply.body
+        return None if json_outputs else f"not a V2 JSON response: {reply.body[:200]!r}"
     if reply.header_length is None:
         return "response has no Inference-Header-Content-Length (outputs were not binary)"
     if len(reply.body) - reply.header_length != target.expected_binary_bytes:
