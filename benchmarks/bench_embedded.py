@@ -13,7 +13,7 @@ concurrency; the second key figure is ferry's JSON throughput over MLServer's at
 
     python benchmarks/bench_embedded.py            # the full run, about a minute
     python benchmarks/bench_embedded.py --quick    # a smoke run
-    python -m venv /tmp/mlserver && /tmp/mlserver/bin/pip install mlserver==1.7.1 onnxruntime
+    python -m venv /tmp/mlserver && /tmp/mlserver/bin/pip install mlserver==1.7.1 onnxruntime 'uvloop<0.22'
     python benchmarks/bench_embedded.py --mlserver /tmp/mlserver/bin/python
 """
 
