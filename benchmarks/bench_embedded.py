@@ -45,6 +45,7 @@ from benchmarks.loadgen import (  # noqa: E402
 from benchmarks.ort_inprocess import MODE as ORT_MODE, measure_ort  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
 from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
+from workers.repository.config_file import parse_config_file  # noqa: E402
 from benchmarks.window import Window, WindowOptions  # noqa: E402
 
 MODEL_DIR = REPO_ROOT / "model_repo" / "cnn"
@@ -186,9 +187,13 @@ def run_json(python: Path, settings: BenchSettings, scratch: Path) -> list[Summa
     repository = scratch / "json"
     repository.mkdir()
     copy_model(MODEL_DIR, repository, dynamic_batching=True)
+    config = parse_config_file(MODEL_DIR / "config.pbtxt")  # MLServer batches as ferry does
+    assert config.dynamic_batching is not None, "the cnn model batches dynamically"
+    delay_s = config.dynamic_batching.max_queue_delay_microseconds / 1e6
     with (ferry_server(repository, scratch / "ferry-json.log") as ferry,
           mlserver_rival.mlserver_server(python, scratch / "mlserver", MODEL_NAME, MODEL_DIR / "1" / "model.onnx",
-                                         scratch / "mlserver.log", max_batch_size=64, max_delay_s=0.002) as rival,
+                                         scratch / "mlserver.log", max_batch_size=config.max_batch_size,
+                                         max_delay_s=delay_s) as rival,
           event_loop_runner() as runner):
         targets = {FERRY_JSON: (_json_target(ferry), ferry.pid), MLSERVER_JSON: (_json_target(rival), rival.pid)}
         for target, _ in targets.values():
