@@ -22,7 +22,6 @@ from workers.backends.triton_python.adapter import CLASS_NAME
 from workers.errors import ConfigError
 
 
-
 class AutoCompleteModelConfig:
     """What ``auto_complete_config`` is given: the config so far, and Triton's setters."""
 

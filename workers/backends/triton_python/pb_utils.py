@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -268,6 +269,4 @@ def deserialize_bytes_tensor(encoded: bytes) -> np.ndarray:
 
 def make_importable() -> None:
     """Let ``import triton_python_backend_utils`` find this module, before a model's ``model.py`` runs."""
-    import sys
-
     sys.modules.setdefault(MODULE_NAME, sys.modules[__name__])
