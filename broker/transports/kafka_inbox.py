@@ -124,6 +124,7 @@ class Inbox:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
+        self._acked = threading.Condition(self._lock)
         self._ledgers: dict[Partition, _Ledger] = {}
         self._buffers: dict[str, deque[Record]] = {}
         self._count = 0
@@ -200,6 +201,7 @@ class Inbox:
             ledger.states[offset] = State.ACKED
             del ledger.out[offset]
             ledger.pop_acked()
+            self._acked.notify_all()
             return offset < ledger.single_until
 
     def stale(self, channel: str, min_idle_s: float, max_count: int) -> list[Delivery]:
@@ -264,7 +266,23 @@ class Inbox:
     def unacked(self, partitions: Iterable[Partition]) -> int:
         """How many records of ``partitions`` are handed out and not acked."""
         with self._lock:
-            return sum(len(ledger.out) for key in set(partitions) if (ledger := self._ledgers.get(key)) is not None)
+            return self._unacked(set(partitions))
+
+    def wait_acked(self, partitions: Iterable[Partition], timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for every record of ``partitions`` handed
+        out here to be acked; how many are still out. A partition given up
+        with records in hand is read again by its next owner, while this
+        member's handlers go on to answer them too: a member leaving a
+        partition waits for its answers first, so each is given once."""
+        wanted = set(partitions)
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while (out := self._unacked(wanted)) and (remaining := deadline - time.monotonic()) > 0:
+                self._acked.wait(remaining)
+            return out
+
+    def _unacked(self, partitions: set[Partition]) -> int:
+        return sum(len(ledger.out) for key in partitions if (ledger := self._ledgers.get(key)) is not None)
 
     def partitions(self) -> list[Partition]:
         with self._lock:

@@ -10,10 +10,12 @@ where every slow batch evicts its worker and hands its partitions around).
 
 Acks are recorded in the inbox at once; the thread commits each partition's
 acked prefix asynchronously on its next turn (at most ``poll_interval_ms``
-later), and once more synchronously on close. On a rebalance the revoked
-partitions' acked prefixes are committed and their buffered records
-dropped; acks that arrive for them later are ignored, and the new owner
-reads those messages again (at-least-once). The cooperative-sticky assignor
+later), and once more synchronously on close. A member giving partitions
+up (a rebalance, a close) first waits a while for the records it handed out
+to be acked, so that what it answered is committed before another member
+reads on; then their acked prefixes are committed and their buffered records
+dropped. Acks that arrive later are ignored, and the new owner reads those
+messages again (at-least-once). The cooperative-sticky assignor
 keeps every partition that does not move, so a member joining or leaving
 does not make the others drop their work in hand.
 
@@ -78,6 +80,8 @@ class GroupMember:
         self._topics = frozenset(topics)
         self._subscribed: frozenset[str] = frozenset()
         self._watch = Watch(settings.join_timeout_ms / 1000, settings.request_timeout_ms)
+        # How long giving up partitions waits for the answers in hand (see Rebalance).
+        self._settle_s = settings.session_timeout_ms / 2000
         self.restarts = 0  # consumers the watch replaced; each may hand out again what was not committed
         self._commit_retry_at = 0.0
         self._commits_failing = False
@@ -189,7 +193,7 @@ class GroupMember:
                 if reason := self._watch.verdict(consumer):
                     log.warning("kafka.member_restarted", group=self.group, consumer=self.consumer, reason=reason)
                     self.restarts += 1
-                    self._close(consumer)
+                    self._close(consumer, self._settle_s)
                     consumer = None
                 if failing:
                     failing = False
@@ -230,7 +234,8 @@ class GroupMember:
         # generation would then hand out nothing.
         for topic in topics:
             consumer.partitions_for_topic(topic)
-        listener = Rebalance(consumer, self.inbox, self._namespace, log.bind(group=self.group, consumer=self.consumer))
+        listener = Rebalance(consumer, self.inbox, self._namespace, log.bind(group=self.group, consumer=self.consumer),
+                             self._settle_s)
         consumer.subscribe(topics, listener=listener)
 
     def _turn(self, consumer: KafkaConsumer) -> None:
@@ -349,14 +354,26 @@ class GroupMember:
         for request in self._catch_ups:
             self._call_soon(_resolve, request.done)
 
-    def _close(self, consumer: KafkaConsumer) -> None:
-        # Whatever is not acked by now is the next consumer's to read again.
-        leaving = self.inbox.drop(self.inbox.partitions())
-        try:
-            if leaving:
+    def _close(self, consumer: KafkaConsumer, settle_s: float = 0.0) -> None:
+        # A consumer replaced while the member lives lets the answers in hand go
+        # out first (see Rebalance); on the transport's close nobody is left to
+        # answer. Whatever is not acked by then is the next consumer's to read
+        # again. A commit the coordinator could not take (it moved: a broker
+        # died) is tried again while time is left, since each acked record past
+        # the last commit would be answered twice.
+        partitions = self.inbox.partitions()
+        unacked = self.inbox.wait_acked(partitions, settle_s)
+        leaving = self.inbox.drop(partitions)
+        deadline = time.monotonic() + CLOSE_TIMEOUT_MS / 1000
+        while leaving:
+            try:
                 consumer.commit(commit_offsets(leaving, self._namespace), timeout_ms=CLOSE_TIMEOUT_MS)
-        except Exception as exc:
-            log.warning("kafka.final_commit_failed", group=self.group, error=repr(exc))
+                break
+            except Exception as exc:
+                if not getattr(exc, "retriable", False) or time.monotonic() + RETRY_PAUSE_S > deadline:
+                    log.warning("kafka.final_commit_failed", group=self.group, unacked=unacked, error=repr(exc))
+                    break
+                time.sleep(RETRY_PAUSE_S)
         try:
             consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:

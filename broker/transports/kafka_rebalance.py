@@ -18,20 +18,27 @@ class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-pytho
     our JoinGroup, so the partition's next owner (assigned only after we
     rejoin) sees it.
 
-    Each move is logged, with the records handed out here and not acked
-    (``unacked``): their partition's next owner delivers them again.
+    Before it commits, a revoke waits up to ``settle_s`` for the records
+    handed out here to be acked (``Inbox.wait_acked``): the next owner reads
+    on from the commit, and a record answered here after it would be answered
+    twice. The wait holds up this consumer's heartbeats too, so ``settle_s``
+    stays well inside the session timeout.
+
+    Each move is logged, with the records handed out here and still not
+    acked (``unacked``): their partition's next owner delivers them again.
     """
 
-    def __init__(self, consumer: KafkaConsumer, inbox: Inbox, namespace: str, logger: Any) -> None:
+    def __init__(self, consumer: KafkaConsumer, inbox: Inbox, namespace: str, logger: Any, settle_s: float) -> None:
         self._consumer = consumer
         self._inbox = inbox
         self._namespace = namespace
         self._log = logger
+        self._settle_s = settle_s
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         partitions = self._partitions(revoked)
-        self._log.info("kafka.partitions_revoked", partitions=_names(partitions),
-                       unacked=self._inbox.unacked(partitions))
+        unacked = self._inbox.wait_acked(partitions, self._settle_s)
+        self._log.info("kafka.partitions_revoked", partitions=_names(partitions), unacked=unacked)
         points = self._inbox.drop(partitions)
         if points:
             try:

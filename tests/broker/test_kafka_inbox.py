@@ -1,6 +1,9 @@
 """The Kafka member's inbox and delivery marks, without a broker: commit
 points, stale hand-outs, and counting deliveries through commit metadata."""
 
+import threading
+import time
+
 import pytest
 
 from broker.transport import Delivery
@@ -58,6 +61,19 @@ def test_inbox_ignores_acks_for_records_not_handed_out_and_drops_revoked_partiti
     inbox.ack("c", 0, 0)
     assert inbox.drop([("c", 0), ("c", 1)]) == {KEY: (1, "")}
     assert inbox.buffered == (0, 0) and inbox.take(["c"], 10) == []
+
+
+def test_waiting_for_acks_ends_at_the_last_ack_or_at_the_timeout():
+    inbox = Inbox()
+    inbox.add(_record(partition, 0) for partition in (0, 1))
+    inbox.take(["c"], 2)
+    started = time.monotonic()
+    assert inbox.wait_acked([("c", 0), ("c", 1)], 0.2) == 2
+    assert 0.2 <= time.monotonic() - started < 2
+    threading.Timer(0.1, inbox.ack, ("c", 0, 0)).start()
+    assert inbox.wait_acked([("c", 0)], 10) == 0  # the other partition's record is not waited for
+    assert time.monotonic() - started < 5
+    assert inbox.wait_acked([("c", 2)], 10) == 0  # nothing held there
 
 
 def test_inbox_hands_out_again_what_idled_unacked_one_attempt_higher():

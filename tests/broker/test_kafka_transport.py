@@ -159,6 +159,34 @@ async def test_members_of_a_group_split_the_partitions(kafka_bootstrap: str):
     assert {d.message_id.split("-")[0] for d in seen["a"]}.isdisjoint(d.message_id.split("-")[0] for d in seen["b"])
 
 
+async def test_a_member_giving_up_partitions_waits_for_the_answers_in_hand(kafka_bootstrap: str):
+    # a holds every record unacked when b joins; a's handlers ack them a second later,
+    # during the rebalance. Had a let its partitions go at once, b would read those
+    # records again from the old commit, and each would be answered twice.
+    config = settings(kafka_bootstrap, partitions=4)
+    async with KafkaTransport(config) as transport:
+        await transport.fetch("c", "g", "a", 1, 0)
+        await publish_all(transport, 9)
+        held: list[Delivery] = []
+        async with asyncio.timeout(20):
+            while len(held) < 9:
+                held += await transport.fetch("c", "g", "a", 9, 0.2)
+
+        async def answer_later() -> None:
+            await asyncio.sleep(1.0)
+            for delivery in held:
+                await transport.ack(delivery)
+
+        answering = asyncio.create_task(answer_later())
+        again = await transport.fetch("c", "g", "b", 100, 0)  # joins: a gives up two partitions
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            again += await transport.fetch("c", "g", "b", 100, 0.2)
+        await answering
+    assert len({d.message_id.split("-")[0] for d in held}) == 4
+    assert payloads(again) == []
+
+
 async def test_unkeyed_messages_go_round_the_partitions_and_a_key_keeps_to_one(kafka_bootstrap: str):
     async with KafkaTransport(settings(kafka_bootstrap, partitions=4)) as transport:
         unkeyed = [await transport.publish("c", f"m{n}".encode()) for n in range(8)]

@@ -112,6 +112,24 @@ async def test_a_failing_request_is_retried_then_dead_lettered_with_its_error(tm
     assert decode_request(letter["payload"]).id == "r13"
 
 
+async def test_a_request_slower_than_the_idle_time_is_not_claimed_back_by_its_own_worker(tmp_path, cleanup):
+    # The upkeep claims what stays pending longer than idle_s; a delivery
+    # this worker is still computing is slow, not lost, and a second handler
+    # would compute and answer it twice (as a Kafka reply held up by a
+    # leader election once did).
+    log = tmp_path / "log"
+    recovery = RecoverySettings(interval_s=0.05, idle_s=0.1)
+    transport, worker = await started(tmp_path, recording_config(log, sleep_s=0.8), recovery)
+    cleanup += [transport, worker]
+    await transport.publish(channels.request_channel("rec"), encode_request(request(7)))
+    (raw,) = await next_messages(transport, REPLIES, 1)
+    assert decode_response(raw).id == "r7"
+    await asyncio.sleep(1.0)  # long enough for a second computation to have answered too
+    assert await transport.fetch(REPLIES, "reader", "r", 10, 0.1) == []
+    assert computed(log) == [7]
+    assert await transport.backlog(channels.request_channel("rec"), channels.worker_group("rec")) == (0, 0)
+
+
 async def test_without_retries_a_failing_request_is_answered_at_once(tmp_path, cleanup):
     log = tmp_path / "log"
     transport, worker = await started(tmp_path, recording_config(log), RecoverySettings(retry_failures=False))

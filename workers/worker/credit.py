@@ -3,12 +3,18 @@
 Each delivery taken becomes a handler task holding one unit of its model's
 credit until it is answered and acked (or left pending for another try); a
 model's consumer fetches only while its credit has room.
+
+A delivery this worker is still handling is not handled twice: a claim of
+stale deliveries can hand back one whose handler is only slow (a reply held
+up while a Kafka partition finds a new leader, a batch longer than the
+recovery's ``idle_s``), and a second handler would answer it a second time.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import structlog
@@ -50,6 +56,7 @@ class InFlight:
         self._retry_after_s = retry_after_s
         self._credits: dict[str, Credit] = {}
         self._handlers: set[asyncio.Task[None]] = set()
+        self._handling: set[tuple[str, str]] = set()  # (channel, message id) of each running handler
 
     def credit(self, model: str) -> Credit | None:
         return self._credits.get(model)
@@ -73,19 +80,28 @@ class InFlight:
         for model in self._credits:
             self.wake(model)
 
-    def dispatch(self, model: str, deliveries: list[Delivery]) -> None:
+    def dispatch(self, model: str, deliveries: list[Delivery]) -> int:
+        """Start a handler for each delivery not already being handled here; returns how many were started."""
         credit = self._credits[model]
+        started = 0
         for delivery in deliveries:
+            key = (delivery.channel, delivery.message_id)
+            if key in self._handling:
+                continue
+            self._handling.add(key)
             credit.used += 1
             task = asyncio.create_task(self._handle(model, delivery))
             self._handlers.add(task)
-            task.add_done_callback(lambda done: self._handler_done(done, credit))
+            task.add_done_callback(partial(self._handler_done, credit=credit, key=key))
+            started += 1
+        return started
 
     async def join(self) -> None:
         await asyncio.gather(*self._handlers, return_exceptions=True)
 
-    def _handler_done(self, task: asyncio.Task[None], credit: Credit) -> None:
+    def _handler_done(self, task: asyncio.Task[None], credit: Credit, key: tuple[str, str]) -> None:
         self._handlers.discard(task)
+        self._handling.discard(key)
         credit.used -= 1
         credit.freed.set()
         error = None if task.cancelled() else task.exception()

@@ -98,8 +98,12 @@ class Upkeep:
             # Unloaded while we claimed: left pending, another worker serving it claims them once idle.
             log.info("worker.claim_dropped", channel=channel, count=len(deliveries), worker_id=worker_id)
             return
-        log.info("worker.claimed", channel=channel, count=len(deliveries), worker_id=worker_id)
-        self._in_flight.dispatch(model, deliveries)
+        started = self._in_flight.dispatch(model, deliveries)
+        if started < len(deliveries):
+            # Slow, not lost: their handlers here answer and ack them.
+            log.info("worker.claimed_in_hand", channel=channel, count=len(deliveries) - started, worker_id=worker_id)
+        if started:
+            log.info("worker.claimed", channel=channel, count=started, worker_id=worker_id)
 
     async def _trim(self, channel: str) -> None:
         try:
