@@ -7,6 +7,14 @@ own, so it sees every worker's beats, and counts a worker live until its last
 beat's ``sent_ns + ttl`` passes. A reader that starts late reads the
 channel's history first; beats older than their TTL count for nothing, so the
 history only needs to be kept as long as a TTL (a short retention is enough).
+
+A channel that goes quiet for every worker at once is more likely the broker
+than every worker dying in the same second: while Kafka moves a partition's
+leader or a group's coordinator to another broker, nothing is read for
+seconds. So TTLs are judged against the last moment any beat was read, for
+up to ``quiet_hold_s``: the fleet stays ready through a broker failover, and
+a worker that stops while others go on beating still drops out at its TTL. A
+lone worker that dies is noticed ``quiet_hold_s`` later than its TTL.
 """
 
 from __future__ import annotations
@@ -22,13 +30,21 @@ from workers.heartbeat import Beat, ServedModels, decode_beat, encode_heartbeat,
 from workers.telemetry.wire import WorkerStats
 
 
+# Longer than a Kafka broker failover takes to settle (the broker's session timeout, 9 s by
+# default, then new leaders and coordinators found by every client).
+QUIET_HOLD_S = 15.0
+
+
 class ChannelHeartbeats:
     def __init__(self, transport: Transport, reader_id: str = "", prefix: str = channels.PREFIX,
-                 wall_ns: Callable[[], int] = time.time_ns, poll_timeout_s: float = 0.5) -> None:
+                 wall_ns: Callable[[], int] = time.time_ns, poll_timeout_s: float = 0.5,
+                 quiet_hold_s: float = QUIET_HOLD_S) -> None:
         self._transport = transport
         self._channel = channels.heartbeat_channel(prefix)
         self._wall_ns = wall_ns
+        self._hold_ns = round(quiet_hold_s * 1e9)
         self._beats: dict[str, tuple[Beat, int]] = {}
+        self._heard_ns: int | None = None  # when a beat was last read, from any worker
         reader_id = reader_id or uuid.uuid4().hex[:12]
         self._reader = ChannelReader(transport, self._channel, f"{self._channel}.{reader_id}", reader_id,
                                      self._record, batch=256, poll_timeout_s=poll_timeout_s)
@@ -50,7 +66,8 @@ class ChannelHeartbeats:
             self._reading = True
             await self._reader.start()
         now = self._wall_ns()
-        return {worker: beat for worker, (beat, expiry) in self._beats.items() if expiry > now}
+        judged = now if self._heard_ns is None else max(now - self._hold_ns, min(now, self._heard_ns))
+        return {worker: beat for worker, (beat, expiry) in self._beats.items() if expiry > judged}
 
     async def aclose(self) -> None:
         await self._reader.aclose()
@@ -60,7 +77,11 @@ class ChannelHeartbeats:
         if beat is None:
             return
         expiry = heartbeat_expiry_ns(delivery.payload)
-        if expiry <= self._wall_ns():
+        now = self._wall_ns()
+        if expiry <= beat.sent_ns:  # a clean exit's beat, TTL 0
             self._beats.pop(beat.worker, None)
-        else:
+        elif expiry > now:
             self._beats[beat.worker] = (beat, expiry)
+            self._heard_ns = now
+        # A beat already past its TTL (history, or held up in a failover) says nothing new,
+        # and beats still arriving late are no sign that the channel is back.

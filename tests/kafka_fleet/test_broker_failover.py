@@ -115,6 +115,8 @@ def test_a_broker_killed_under_load_loses_no_acknowledged_request_and_answers_no
     bad = {i: o for i, o in load.outcomes.items() if (o[0] == 200 and o[1] != "right") or o[0] not in (200, 503, 504)}
     assert not bad, f"HTTP answers neither right nor a clear error: {dict(list(bad.items())[:10])}"
     statuses = Counter(status for status, _ in load.outcomes.values())
+    refusals = Counter(text[:100] for status, text in load.outcomes.values() if status != 200)
     print(f"\nkcat: {EACH} answered once each; HTTP: {dict(statuses)} by status; "
           f"all done {finished_s:.1f} s after the kill")
+    print(f"refusals: {json.dumps(refusals.most_common(5))}")
     print(f"error lines logged: {json.dumps(error_lines)}")
