@@ -2,12 +2,11 @@
 requests given up on keep only a bounded slice each, so the server's memory
 stays flat, and ``/metrics`` says what was dropped.
 
-The requests are given up on because they take longer than ``--claim-idle-s``
-to compute: the worker claims each again, and with ``--max-deliveries 1`` the
-second delivery is dead-lettered whole (the path that kept 10 MB a request).
-A model that raises would reach the same place, but a failed request's
-exception and traceback form a reference cycle that holds its tensors until
-the garbage collector's next full pass, which would blur RSS.
+The requests are given up on because their model refuses every one: with
+``--retry-failures`` and ``--max-deliveries 1`` the first failure sends the
+request to the dead-letter channel (whole, before the bound, which kept 10 MB
+a request). The model runs in an instance process of its own, so the
+exception that refuses a request holds none of its tensors in the server.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,27 +21,33 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.models import write_slow_model
+from tests.models import generator, write_python_model
 from tests.servers import ferry_serve
 
 MIB = 1 << 20
 REQUEST_BYTES = 10 * MIB
 WARM_UP = 3
 MEASURED = 10
-COMPUTE_S = 1.0  # well past CLAIM_IDLE_S, so the claim comes first even on a loaded machine
-CLAIM_IDLE_S = 0.2
+REFUSING_MODEL = """
+class Model:
+    def infer(self, inputs):
+        raise RuntimeError("this model refuses every request")
+"""
 # Whole letters would add REQUEST_BYTES each (100 MiB); bounded ones add nothing that lasts.
 MAX_GROWTH = MEASURED * REQUEST_BYTES // 2
 MAX_COUNT, MAX_BYTES = 4, MIB
 
-GIVING_UP = ("--claim-idle-s", str(CLAIM_IDLE_S), "--claim-interval-s", "0.05", "--max-deliveries", "1")
+GIVING_UP = ("--retry-failures", "--max-deliveries", "1")
 BOUNDED = ("--dead-letter-max-count", str(MAX_COUNT), "--dead-letter-max-bytes", str(MAX_BYTES))
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("repo")
-    write_slow_model(repo, "slow", COMPUTE_S, computes="head", dims=(-1,))
+    gen = generator()
+    config = gen.model_config("refuse", 'backend: "python"', 0, [gen.tensor_config("X", "TYPE_FP32", (-1,))],
+                              [gen.tensor_config("Y", "TYPE_FP32", (1,))], gen.cpu_instances(1))
+    write_python_model(repo, "refuse", REFUSING_MODEL, config)
     return repo
 
 
@@ -75,15 +79,15 @@ def rss_bytes(pid: int) -> int:
 
 
 def give_up_on_large(http: httpx.Client) -> None:
-    """A 10 MiB request the worker gives up on; returns once its first delivery is computed too."""
+    """A 10 MiB request the worker gives up on."""
     elements = REQUEST_BYTES // 4
     header = orjson.dumps({"inputs": [{"name": "X", "shape": [elements], "datatype": "FP32",
                                        "parameters": {"binary_data_size": REQUEST_BYTES}}]})
-    answer = http.post("/v2/models/slow/infer", content=header + os.urandom(REQUEST_BYTES),
+    answer = http.post("/v2/models/refuse/infer", content=header + os.urandom(REQUEST_BYTES),
                        headers={"Inference-Header-Content-Length": str(len(header)),
                                 "Content-Type": "application/octet-stream"})
-    assert answer.status_code == 503 and "dead-letter channel" in answer.json()["error"], answer.text
-    time.sleep(COMPUTE_S)
+    error = answer.json()["error"]
+    assert answer.status_code == 500 and "refuses every request" in error and "dead-letter channel" in error, error
 
 
 def test_large_requests_given_up_on_leave_memory_flat_and_are_counted(repository: Path):
