@@ -11,10 +11,11 @@ history only needs to be kept as long as a TTL (a short retention is enough).
 A channel that goes quiet for every worker at once is more likely the broker
 than every worker dying in the same second: while Kafka moves a partition's
 leader or a group's coordinator to another broker, nothing is read for
-seconds. So TTLs are judged against the last moment any beat was read, for
-up to ``quiet_hold_s``: the fleet stays ready through a broker failover, and
-a worker that stops while others go on beating still drops out at its TTL. A
-lone worker that dies is noticed ``quiet_hold_s`` later than its TTL.
+seconds. So TTLs are judged against the last moment a current beat (one
+within its TTL) was read, for up to ``quiet_hold_s``: the fleet stays ready
+through a broker failover, and a worker that stops while others go on
+beating still drops out at its TTL. A lone worker that dies is noticed
+``quiet_hold_s`` later than its TTL.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ChannelHeartbeats:
         self._wall_ns = wall_ns
         self._hold_ns = round(quiet_hold_s * 1e9)
         self._beats: dict[str, tuple[Beat, int]] = {}
-        self._heard_ns: int | None = None  # when a beat was last read, from any worker
+        self._heard_ns: int | None = None  # when a current beat was last read, from any worker
         reader_id = reader_id or uuid.uuid4().hex[:12]
         self._reader = ChannelReader(transport, self._channel, f"{self._channel}.{reader_id}", reader_id,
                                      self._record, batch=256, poll_timeout_s=poll_timeout_s)
