@@ -45,8 +45,8 @@ from benchmarks.loadgen import (  # noqa: E402
 from benchmarks.ort_inprocess import MODE as ORT_MODE, measure_ort  # noqa: E402
 from benchmarks.server import RunningServer, copy_model, ferry_server  # noqa: E402
 from benchmarks.stats import Summary, int_list, summarize  # noqa: E402
-from workers.repository.config_file import parse_config_file  # noqa: E402
 from benchmarks.window import Window, WindowOptions  # noqa: E402
+from workers.repository.config_file import parse_config_file  # noqa: E402
 
 MODEL_DIR = REPO_ROOT / "model_repo" / "cnn"
 MODEL_NAME = "cnn"

@@ -55,8 +55,8 @@ class InFlight:
         self._handle = handle
         self._retry_after_s = retry_after_s
         self._credits: dict[str, Credit] = {}
-        self._handlers: set[asyncio.Task[None]] = set()
-        self._handling: set[tuple[str, str]] = set()  # (channel, message id) of each running handler
+        # Each running handler, by the (channel, message id) of the delivery it handles.
+        self._handlers: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def credit(self, model: str) -> Credit | None:
         return self._credits.get(model)
@@ -86,22 +86,20 @@ class InFlight:
         started = 0
         for delivery in deliveries:
             key = (delivery.channel, delivery.message_id)
-            if key in self._handling:
+            if key in self._handlers:
                 continue
-            self._handling.add(key)
             credit.used += 1
             task = asyncio.create_task(self._handle(model, delivery))
-            self._handlers.add(task)
+            self._handlers[key] = task
             task.add_done_callback(partial(self._handler_done, credit=credit, key=key))
             started += 1
         return started
 
     async def join(self) -> None:
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await asyncio.gather(*self._handlers.values(), return_exceptions=True)
 
     def _handler_done(self, task: asyncio.Task[None], credit: Credit, key: tuple[str, str]) -> None:
-        self._handlers.discard(task)
-        self._handling.discard(key)
+        self._handlers.pop(key, None)
         credit.used -= 1
         credit.freed.set()
         error = None if task.cancelled() else task.exception()
