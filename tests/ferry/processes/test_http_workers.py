@@ -21,7 +21,7 @@ import pytest
 import tritonclient.http as triton
 
 from ferry.processes.http_workers import default_http_workers
-from tests.procfs import child_pids
+from tests.procfs import child_pids, listens_on
 from tests.servers import free_port, wait_ready
 
 MODEL_REPO = Path(__file__).resolve().parents[3] / "model_repo"
@@ -58,7 +58,10 @@ def serving(tmp_path: Path, new_session: bool = False) -> Iterator[tuple[str, su
     )
     try:
         wait_ready(f"http://127.0.0.1:{port}", process)
-        _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS, "every HTTP process started")
+        # Started is not listening: until each process listens, new connections go to those
+        # that do, and a test that kills the one listening would find the port refusing.
+        _wait(lambda: len(pids := http_pids(process.pid)) == HTTP_WORKERS
+              and all(listens_on(pid, port) for pid in pids), "every HTTP process listening")
         # Each gateway learns the worker's models from its heartbeats, every 0.5 s: the model is
         # ready everywhere once new connections, spread over the processes, all say so.
         _wait(lambda: all(_model_ready(port) for _ in range(4 * HTTP_WORKERS)), "add_sub ready on every process")
@@ -122,9 +125,10 @@ def test_a_killed_http_process_is_replaced_and_the_port_keeps_answering(served) 
     before = http_pids(process.pid)
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
-    # Once it is dead (its listener closed), the others take its share of the port at once.
-    _wait(lambda: not Path(f"/proc/{victim}").exists()
-          or Path(f"/proc/{victim}/stat").read_text().split()[2] == "Z", "the HTTP process dead", 15)
+    # Once it is dead (its listener closed), the others take its share of the port at once. A
+    # zombie is not yet dead: its other threads may still be exiting, holding the listener, which
+    # then resets what it queued. The supervisor reaps it only once the last thread is gone.
+    _wait(lambda: not Path(f"/proc/{victim}").exists(), "the HTTP process dead and reaped", 15)
     assert _add(url, 50, seed=1) == 50
     _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS and victim not in http_pids(process.pid),
           "the killed HTTP process replaced")
