@@ -20,7 +20,8 @@ of speech, starting a fraction of a chunk apart. Per count it reports:
 - **partial p50/p95 ms**: for each chunk answered with a partial transcript, from the
   chunk being sent (it is on Redis at once) to the partial covering it arriving.
 - **final p95 ms**: the same for chunks answered with a final transcript (a final is
-  decoded a second time, so it comes later).
+  decoded a second time, over the chunks after its utterance ends, so the chunk that
+  carries it came later than the speech it covers).
 - **keeps up**: p95 partial latency under ``--max-p95-ms`` (default 500).
 
 The figures are ratios and latencies measured within one run; the machine is shared.

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -234,6 +235,54 @@ def test_silence_ends_an_utterance_and_its_audio_leaves_the_state(
     assert finals[0][1].end_ms < finals[1][1].start_ms
 
 
+def _final_at(rows: list[Row]) -> int:
+    """The step of the one final with words (the session's last step is final too, with none)."""
+    (index,) = [index for index, row in enumerate(rows) if row.is_final and row.text]
+    return index
+
+
+def test_the_second_pass_is_spread_over_the_steps_after_the_endpoint(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    """At a pace large enough to hear it all at once, the final comes in the endpoint's own step;
+    at the default pace, steps later, with the same words, and the steps between show the first
+    pass's words."""
+    steps = session_steps(b"s", np.concatenate([speech("i would like a cup of coffee"), silence(2000)]))
+    at_once = run_alone(make_model(second_pass_pace="1000"), steps)
+    spread = run_alone(make_model(), steps)
+    endpoint, final = _final_at(at_once), _final_at(spread)
+    assert endpoint + 2 <= final < len(steps) - 1
+    assert spread[final].text == at_once[endpoint].text and {"cup", "coffee"} <= words(spread[final].text)
+    assert (spread[final].start_ms, spread[final].end_ms) == (at_once[endpoint].start_ms, at_once[endpoint].end_ms)
+    between = spread[endpoint:final]
+    assert all(not row.is_final and row.text for row in between), between
+    assert len({(row.text, row.start_ms, row.end_ms) for row in between}) == 1, between
+
+
+def test_a_fresh_model_resumes_a_session_in_its_second_pass(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"s", np.concatenate([speech("i would like a cup of coffee"), silence(2000)]))
+    uninterrupted = run_alone(make_model(), steps)
+    endpoint = _final_at(run_alone(make_model(second_pass_pace="1000"), steps))
+    first, half = Sequencer(make_model()), endpoint + 1
+    before = [first.infer([step])[0] for step in steps[:half]]
+    assert not before[-1].is_final and before[-1].text, "the split should fall inside the second pass"
+    second = Sequencer(make_model(), first.states)
+    after = [second.infer([step])[0] for step in steps[half:]]
+    assert before + after == uninterrupted
+
+
+def test_speech_that_resumes_during_a_second_pass_with_one_decoder_gives_the_same_rows(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    """The next utterance begins while the last is in its second pass: a step then holds two
+    decoders, even where the pool may keep only one."""
+    audio = np.concatenate([speech("i would like a cup of coffee"), silence(700), speech("please open the door")])
+    steps = session_steps(b"s", audio)
+    rows = run_alone(make_model(), steps)
+    finals = [words(row.text) for row in rows if row.is_final]
+    assert len(finals) == 2 and {"cup", "coffee"} <= finals[0] and {"open", "door"} <= finals[1], finals
+    assert run_alone(make_model(max_live_decoders="1"), steps) == rows
+
+
 def test_padding_rows_are_ignored(make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
     steps = session_steps(b"s", speech("two three four five"))
     alone = run_alone(make_model(), steps)
@@ -256,6 +305,23 @@ def test_a_chunk_over_max_chunk_samples_is_rejected_naming_audio(make_model: Cal
 def test_a_state_that_is_not_a_session_is_rejected_naming_state_in(make_model: Callable[..., Any]) -> None:
     sequencer = Sequencer(make_model(), {b"s": b"\x93not msgpack"})
     with pytest.raises(ValueError, match="'STATE_IN'"):
+        sequencer.infer([Step(b"s", silence(160))])
+
+
+def test_a_state_whose_second_pass_lies_outside_its_audio_is_rejected_naming_state_in(
+        make_model: Callable[..., Any], speech: Callable[[str], np.ndarray]) -> None:
+    steps = session_steps(b"s", np.concatenate([speech("please open the door"), silence(2000)]))
+    sequencer = Sequencer(make_model())
+    for step in steps:
+        sequencer.infer([step])
+        fields = msgpack.unpackb(sequencer.states[b"s"])
+        if fields[-1] is not None:  # an utterance in its second pass
+            break
+    else:
+        pytest.fail("no step left an utterance in its second pass")
+    fields[-1][3] = len(fields[-1][2])  # heard: twice as many samples as it has
+    sequencer.states[b"s"] = msgpack.packb(fields)
+    with pytest.raises(ValueError, match="'STATE_IN'.*second pass: its positions lie outside its audio"):
         sequencer.infer([Step(b"s", silence(160))])
 
 

@@ -3,7 +3,8 @@
 A ``Decoder`` costs about 90 MB and 0.6 s to create, so decoders are pooled:
 a session holds one only while an utterance is in progress, and when all
 ``max_live_decoders`` are held the least recently used is taken back; that
-session rebuilds one from its state on its next step.
+session rebuilds one from its state on its next step. An ended utterance's
+second pass holds a decoder of its own, bound beside the first pass's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pocketsphinx
 
-from .state import Session
+from .state import Pending, Session
 
 
 def _new_decoder(options: tuple[tuple[str, str], ...]) -> Any:
@@ -69,6 +70,18 @@ class DecoderPool:
         feed(decoder, session.samples(session.audio_start, session.framed))
         return decoder
 
+    def resume_second(self, corrid: Any, state_in: bytes, pending: Pending) -> Any:
+        """The decoder that has heard the first ``pending.fed`` samples of the second pass."""
+        binding = self._bound.pop(_second(corrid), None)
+        if binding is not None and binding[1] == state_in:
+            self._lent.append(binding[0])
+            return binding[0]
+        if binding is not None:
+            self._abandon(binding[0])
+        decoder = self.begin(pending.cmn)
+        feed(decoder, pending.audio[:2 * pending.fed])
+        return decoder
+
     def begin(self, cmn: str) -> Any:
         decoder = self._acquire()
         # Always starting from the mean's text form, rounded as it is, makes a decoder rebuilt
@@ -80,6 +93,9 @@ class DecoderPool:
     def keep(self, corrid: Any, decoder: Any, state_out: bytes) -> None:
         self._lent.remove(decoder)
         self._bound[corrid] = (decoder, state_out)
+
+    def keep_second(self, corrid: Any, decoder: Any, state_out: bytes) -> None:
+        self.keep(_second(corrid), decoder, state_out)
 
     def release(self, decoder: Any) -> None:
         """Take back a decoder whose utterance has ended."""
@@ -97,9 +113,10 @@ class DecoderPool:
             self._idle.append(decoder)
 
     def forget(self, corrid: Any) -> None:
-        binding = self._bound.pop(corrid, None)
-        if binding is not None:
-            self._abandon(binding[0])
+        for key in (corrid, _second(corrid)):
+            binding = self._bound.pop(key, None)
+            if binding is not None:
+                self._abandon(binding[0])
 
     def close(self) -> None:
         self._bound.clear()
@@ -108,7 +125,9 @@ class DecoderPool:
     def _acquire(self) -> Any:
         if self._idle:
             decoder = self._idle.pop()
-        elif self._created < self._capacity:
+        elif self._created < self._capacity or not self._bound:
+            # Past capacity only when a step holds both of its passes' decoders and there is
+            # nothing bound to take back: one more, kept idle afterwards.
             decoder = _new_decoder(self._options)
             self._created += 1
         else:
@@ -120,3 +139,8 @@ class DecoderPool:
     def _abandon(self, decoder: Any) -> None:
         decoder.end_utt()
         self._idle.append(decoder)
+
+
+def _second(corrid: Any) -> tuple[Any, str]:
+    """The key a session's second-pass decoder is bound under."""
+    return (corrid, "second pass")
