@@ -4,6 +4,8 @@
     python benchmarks/bench_speech.py --quick       # 1 and 4 sessions
     python benchmarks/bench_speech.py --quick --baseline --instances 4
                                                     # the same, instances in the worker's process first
+    python benchmarks/bench_speech.py --quick --second-pass-pace 1000
+                                                    # each final's second pass all in its endpoint's step
 
 A ``redis-server`` and ``ferry worker`` processes serve a copy of ``model_repo/speech``;
 ``--instances`` sets its ``instance_group`` count, and ``--instance-process no`` keeps the
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--max-p95-ms", type=float, default=500.0)
     parser.add_argument("--instances", type=int, default=0, help="instance_group count (default: the config's)")
+    parser.add_argument("--second-pass-pace", type=int, default=0,
+                        help="the model's second_pass_pace (default: the config's); 1000 hears a whole "
+                             "utterance again in the step that ends it")
     parser.add_argument("--instance-process", choices=("yes", "no"), default="yes",
                         help="each instance in a process of its own (yes), or all in the worker's (no)")
     parser.add_argument("--baseline", action="store_true",
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               f"process {mode} (p95 partial latency <= {args.max_p95_ms:.0f} ms)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"workers": args.workers, "instances": args.instances or "config",
+                                    "second_pass_pace": args.second_pass_pace or "config",
                                     "chunk_ms": CHUNK_MS, "rows": rows, "sustained_sessions": summary}, indent=2))
     print(f"wrote {args.out}")
     return 0
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_mode(root: Path, broker: fleet_procs.Broker, samples: np.ndarray, counts: tuple[int, ...], mode: str,
              args: argparse.Namespace) -> list[dict[str, object]]:
     shutil.copytree(REPO_ROOT / "model_repo" / "speech", root / "repo" / "speech")
-    configure(root / "repo" / "speech" / "config.pbtxt", args.instances, mode)
+    configure(root / "repo" / "speech" / "config.pbtxt", args.instances, mode, args.second_pass_pace)
     rows = []
     url = fleet_procs.fresh_url(broker)
     with fleet_procs.fleet(root / "repo", url, args.workers, "speech", root) as fleet:
@@ -149,12 +155,16 @@ def run_mode(root: Path, broker: fleet_procs.Broker, samples: np.ndarray, counts
     return rows
 
 
-def configure(config: Path, instances: int, instance_process: str) -> None:
-    """The copy's instance count, when given, and FERRY_INSTANCE_PROCESS."""
+def configure(config: Path, instances: int, instance_process: str, second_pass_pace: int = 0) -> None:
+    """The copy's instance count and second_pass_pace, when given, and FERRY_INSTANCE_PROCESS."""
     text = config.read_text()
     if instances:
         text, found = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {instances}", text)
         assert found == 1, f"no instance_group count in {config}"
+    if second_pass_pace:
+        text, found = re.subn(r'(key: "second_pass_pace" value: \{ string_value: )"\d+"',
+                              rf'\1"{second_pass_pace}"', text)
+        assert found == 1, f"no second_pass_pace in {config}"
     parameter = f'{{ key: "FERRY_INSTANCE_PROCESS" value: {{ string_value: "{instance_process}" }} }},'
     assert "parameters [\n" in text, f"no parameters in {config}"
     config.write_text(text.replace("parameters [\n", f"parameters [\n  {parameter}\n", 1))

@@ -154,12 +154,11 @@ class Recognizer:
         if finals:
             text = " ".join(final.text for final in finals if final.text)
             return Result(text, True, finals[0].start, finals[-1].end, received)
-        pending = session.pending
-        if pending is None and not session.in_speech:
-            return Result("", end, received, received, received)
-        words = [pending.text] if pending is not None else []
+        # What is heard and not yet final: the utterance in its second pass, then the one in progress.
+        spans = [(session.pending.text, session.pending.start, session.pending.end)] if session.pending else []
         if session.in_speech:
-            words.append(hypothesis(decoder))
-        start = pending.start if pending is not None else session.speech_start
-        last = session.speech_end if session.in_speech else pending.end  # type: ignore[union-attr]
-        return Result(" ".join(word for word in words if word), False, start, last, received)
+            spans.append((hypothesis(decoder), session.speech_start, session.speech_end))
+        if not spans:
+            return Result("", end, received, received, received)
+        text = " ".join(words for words, _, _ in spans if words)
+        return Result(text, False, spans[0][1], spans[-1][2], received)
