@@ -1,6 +1,6 @@
 """``ferry worker``: a worker alone on a shared broker. It heartbeats, serves until
 SIGTERM or SIGINT, then leaves the fleet and drains: what it took is answered
-and acked before it exits."""
+and acked before it exits. SIGUSR2 logs what its tasks wait on (``task_dump``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from broker.transports import open_transport
 from ferry.wiring.lifecycle import close_later, start_all
 from ferry.wiring.settings import WorkerProcessSettings
+from ferry.wiring.task_dump import install_task_dump
 from ferry.wiring.stores import (
     claim_store_url, open_cache, open_claims, open_heartbeats, open_job_gate, open_sessions,
 )
@@ -34,6 +35,7 @@ async def run_worker(settings: WorkerProcessSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    install_task_dump(loop)
     health = WorkerHealth()
     async with contextlib.AsyncExitStack() as stack:
         worker_id = await _serve(settings, health, stack)

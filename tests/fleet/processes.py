@@ -55,9 +55,10 @@ class Record:
 
 
 class FerryProcess:
-    def __init__(self, name: str, command: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, command: list[str], log_path: Path, dumps_tasks: bool = False) -> None:
         self.name = name
         self.log_path = log_path
+        self.dumps_tasks = dumps_tasks  # logs what its tasks wait on at SIGUSR2 (ferry worker)
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             command, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT,
@@ -122,9 +123,15 @@ class FerryProcess:
         return bad
 
     def describe(self) -> str:
-        """For assertion messages: who it is, whether it runs, and the tail of its log."""
+        """For assertion messages: who it is, whether it runs, and the tail of its log; a
+        worker still running is first asked what its tasks wait on, should it be stuck."""
         state = "running" if self.running() else f"exited {self.process.returncode}"
-        tail = "\n".join(self.log_text().splitlines()[-40:])
+        lines = 40
+        if self.dumps_tasks and self.running():
+            self.send(signal.SIGUSR2)
+            time.sleep(1.0)
+            lines = 200
+        tail = "\n".join(self.log_text().splitlines()[-lines:])
         return f"--- {self.name} (pid {self.pid}, {state}), {self.log_path} ---\n{tail}"
 
 
@@ -196,7 +203,7 @@ class ProcessFleet:
         if "--metrics-port" not in extra:
             extra = ("--metrics-port", "0", *extra)  # many workers on one host: no fixed port 8002
         worker = FerryProcess(name, self._command("worker", "--worker-id", worker_id, *extra),
-                              self.log_dir / f"{name}.log")
+                              self.log_dir / f"{name}.log", dumps_tasks=True)
         self.processes.append(worker)
         if wait:
             self.wait_heartbeat(worker_id, worker)
