@@ -104,6 +104,16 @@ def words(text: str) -> set[str]:
     return set(text.split())
 
 
+def resumed_in_a_fresh_model(make_model: Callable[..., Any], steps: list[Step], split: int, where: str) -> list[Row]:
+    """The rows of `steps` when a fresh model takes the session over from its state at `split`,
+    which must fall `where` (a step showing words, not final)."""
+    first = Sequencer(make_model())
+    before = [first.infer([step])[0] for step in steps[:split]]
+    assert not before[-1].is_final and before[-1].text, f"the split should fall {where}"
+    second = Sequencer(make_model(), first.states)
+    return before + [second.infer([step])[0] for step in steps[split:]]
+
+
 @pytest.fixture(scope="module")
 def speech_module() -> Iterator[ModuleType]:
     name = "ferry_test_speech_model"
@@ -174,12 +184,7 @@ def test_a_fresh_model_resumes_a_session_from_its_last_state(
     uninterrupted = run_alone(make_model(), steps)
     finals = [words(row.text) for row in uninterrupted if row.is_final]
     assert len(finals) == 2 and {"cup", "coffee"} <= finals[0] and {"open", "door"} <= finals[1], finals
-    first, half = Sequencer(make_model()), int(len(steps) * split)
-    before = [first.infer([step])[0] for step in steps[:half]]
-    assert not before[-1].is_final and before[-1].text, "the split should fall inside an utterance"
-    second = Sequencer(make_model(), first.states)
-    after = [second.infer([step])[0] for step in steps[half:]]
-    assert before + after == uninterrupted
+    assert resumed_in_a_fresh_model(make_model, steps, int(len(steps) * split), "inside an utterance") == uninterrupted
 
 
 def test_a_session_whose_decoder_was_taken_back_rebuilds_it(
@@ -263,12 +268,7 @@ def test_a_fresh_model_resumes_a_session_in_its_second_pass(
     steps = session_steps(b"s", np.concatenate([speech("i would like a cup of coffee"), silence(2000)]))
     uninterrupted = run_alone(make_model(), steps)
     endpoint = _final_at(run_alone(make_model(second_pass_pace="1000"), steps))
-    first, half = Sequencer(make_model()), endpoint + 1
-    before = [first.infer([step])[0] for step in steps[:half]]
-    assert not before[-1].is_final and before[-1].text, "the split should fall inside the second pass"
-    second = Sequencer(make_model(), first.states)
-    after = [second.infer([step])[0] for step in steps[half:]]
-    assert before + after == uninterrupted
+    assert resumed_in_a_fresh_model(make_model, steps, endpoint + 1, "inside the second pass") == uninterrupted
 
 
 def test_speech_that_resumes_during_a_second_pass_with_one_decoder_gives_the_same_rows(
