@@ -15,7 +15,15 @@ none by default), whose context the envelope carries to the worker.
 
 A request is held to the envelope's ``Limits`` here, before it is published:
 one the workers could not decode would otherwise be dead-lettered while its
-client waited out the reply timeout."""
+client waited out the reply timeout.
+
+Given a ``LocalWorker`` (``ferry serve`` on its embedded broker, where the
+broker is only a queue in this same process), a plain request goes straight
+to that worker and its reply comes straight back: no envelope is encoded, no
+message is published, read, acked or replied to. A sequence's step, a job, a
+decoupled model's request and one for a model with a ``max_queue_size`` (its
+queue is the broker's) still travel the broker, as do requests for a model
+the worker does not take directly (see ``Worker.takes_directly``)."""
 
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from structlog.contextvars import bound_contextvars
 
@@ -48,9 +57,18 @@ class ServiceSettings:
     reply_timeout_s: float = 300.0
     channel_prefix: str = channels.PREFIX
     route_sequences: bool = False  # publish a sequence's steps to its worker's session channel (Redis)
+    direct: bool = True  # hand plain requests to a LocalWorker, when there is one, instead of the broker
 
 
 Answered = Callable[[Response | None], None]
+
+
+class LocalWorker(Protocol):
+    """A worker in this process that computes a request handed to it."""
+
+    def takes_directly(self, model: str) -> bool: ...
+
+    async def answer(self, request: Request) -> Response: ...
 
 
 def _ignore(response: Response | None) -> None:
@@ -68,8 +86,10 @@ class InferenceService:
         limits: QueueLimits | None = None,
         tracer: RequestTracer | None = None,
         claims: Claims = NoClaims(),
+        local: LocalWorker | None = None,
     ) -> None:
         self._transport = transport
+        self._local = local
         self._claims = claims
         self.tracer: RequestTracer = tracer or UNTRACED
         self._limits = limits
@@ -91,9 +111,18 @@ class InferenceService:
     async def _infer(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str],
                      request_id: str) -> Response:
         request = self.envelope(model, version, parsed, trace, self._router.channel, request_id)
-        if self.catalog.entry(request.model).config.decoupled:
+        config = self.catalog.entry(request.model).config
+        if config.decoupled:
             raise InvalidRequest(f"model '{model}' is decoupled (it may send many responses): use "
                                  f"/v2/models/{model}/generate_stream, /infer_stream or the WebSocket")
+        local = self._local
+        if local is not None and request.sequence_id is None and config.queue_policy.max_queue_size <= 0 \
+                and local.takes_directly(request.model):
+            try:
+                async with asyncio.timeout(self._settings.reply_timeout_s):
+                    return await local.answer(request)
+            except TimeoutError:
+                raise self._no_reply(model) from None
         future = self._router.expect(request.id)
         answered: Answered = _ignore
         response: Response | None = None
@@ -102,8 +131,7 @@ class InferenceService:
             async with asyncio.timeout(self._settings.reply_timeout_s):
                 response = await future
         except TimeoutError:
-            raise UpstreamTimeout(f"no reply for model '{model}' within "
-                                  f"{self._settings.reply_timeout_s:g} s") from None
+            raise self._no_reply(model) from None
         finally:
             self._router.forget(request.id)
             answered(response)
@@ -134,8 +162,7 @@ class InferenceService:
                     async with asyncio.timeout(self._settings.reply_timeout_s):
                         response = await queue.get()
                 except TimeoutError:
-                    raise UpstreamTimeout(f"no reply for model '{request.model}' within "
-                                          f"{self._settings.reply_timeout_s:g} s") from None
+                    raise self._no_reply(request.model) from None
                 if first is None:
                     first = response
                     answered(response)
@@ -151,6 +178,9 @@ class InferenceService:
             if first is None:
                 answered(None)
             span.end(failure)
+
+    def _no_reply(self, model: str) -> UpstreamTimeout:
+        return UpstreamTimeout(f"no reply for model '{model}' within {self._settings.reply_timeout_s:g} s")
 
     async def _publish_step(self, request: Request) -> Answered:
         """Publish; for a sequence step on a Redis fleet, in order and to the

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", parents=[common, http, worker],
                                 help="gateway and worker in one process (in-memory broker by default)")
     serve.add_argument("--broker", default="memory://", help=f"broker URL (memory://, {SHARED})")
+    serve.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
+                       help="on the embedded broker, hand plain requests straight to the worker "
+                            "(--no-direct: through the in-memory broker, as a fleet's go)")
     gateway = commands.add_parser("gateway", parents=[common, http], help="the HTTP gateway alone")
     gateway.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")

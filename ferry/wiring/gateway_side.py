@@ -27,7 +27,7 @@ from gateway.dashboard_sampler import WorkerBeats
 from gateway.jobs import JobService, JobSettings, JobStore, build_jobs
 from gateway.management import ModelManager
 from gateway.metrics import GatewayMetrics, LiveWorkers, gateway_metrics
-from gateway.service import InferenceService
+from gateway.service import InferenceService, LocalWorker
 from gateway.grpc.server import GrpcServer
 from gateway.grpc.servicer import GrpcParts
 from gateway.logs import PROCESS_LOGS
@@ -71,12 +71,14 @@ class GatewaySide:
 
     @classmethod
     def build(cls, settings: ServeSettings, transport: Transport, catalog: ModelCatalog, store: JobStore,
-              control: ControlClient, sources: Sources, tracing: Tracing | None, claims: Claims) -> GatewaySide:
+              control: ControlClient, sources: Sources, tracing: Tracing | None, claims: Claims,
+              local: LocalWorker | None = None) -> GatewaySide:
+        """``local``: the worker of this process, given requests straight (``gateway.service``)."""
         prefix = settings.service.channel_prefix
         router = ReplyRouter(transport, settings.gateway_id, prefix, claims=claims)
         service = InferenceService(transport, router, catalog, settings.service,
                                    limits=QueueLimits(transport, prefix), tracer=gateway_tracer(tracing),
-                                   claims=claims)
+                                   claims=claims, local=local if settings.service.direct else None)
         jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
         metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
                                   sources.stats, sources.local_worker)

@@ -4,6 +4,10 @@ A message is acked only after its reply is published, so a worker that dies
 mid-batch leaves the message pending for another to claim; either way the
 loop keeps consuming.
 
+``answer()`` computes a request handed over within the process (``ferry serve`` on its
+embedded broker), as a delivery's request is computed, for a model ``takes_directly``
+allows.
+
 ``drain()`` stops fetching and waits for what is in flight to be answered and
 acked, for a clean shutdown. ``load_model`` and ``unload_model`` change what
 is served while the worker runs (``workers.model_loader`` builds the runners,

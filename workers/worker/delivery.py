@@ -17,13 +17,17 @@ The handler sees the models only through ``ServedModels``: the runner a
 request names, and four questions about a model. A model whose answers are
 cached is looked up in the ``AnswerCache`` first (``workers.cache``); a
 sequence's steps and a decoupled model's streams never are.
+
+``answer`` computes a request handed over within the process (``ferry serve``
+on its embedded broker): as a delivery's, with nothing to decode, redeem,
+ack or retry.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 import structlog
@@ -109,12 +113,23 @@ class DeliveryHandler:
             self._unread(model, received, REJECTED)
             return
         bind_contextvars(request_id=request.id)
-        timeline = Timeline.of(request, self._worker_id, received)
-        self._observer.received(timeline)
-        try:
+        with self._observed(request, received) as timeline:
             redeemed = await self._redeemed(model, delivery, request, timeline)
             if redeemed is not None:
                 await self._handle_request(model, delivery, redeemed, timeline)
+
+    async def answer(self, request: Request) -> Response:
+        """A plain request (neither a sequence's step nor a decoupled model's, not a job's)
+        handed over within the process: its response, an error one if it failed."""
+        with self._observed(request, self._wall_ns()) as timeline:
+            return await self._respond(request.model, request, timeline)
+
+    @contextmanager
+    def _observed(self, request: Request, received: int) -> Iterator[Timeline]:
+        timeline = Timeline.of(request, self._worker_id, received)
+        self._observer.received(timeline)
+        try:
+            yield timeline
         finally:
             timeline.done_ns = self._wall_ns()
             self._observer.finished(timeline)

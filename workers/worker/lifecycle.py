@@ -15,6 +15,7 @@ import structlog
 
 from broker import channels
 from broker.claims.check import Claims, NoClaims
+from broker.envelope import Request, Response
 from broker.transport import Transport
 from workers.backends.triton_python import bls
 from workers.backends.triton_python.bls import BrokerModelCaller
@@ -73,7 +74,7 @@ class Worker:
         self._stopping = asyncio.Event()
         prefix = settings.channel_prefix
         dead_letters = DeadLetters(transport, prefix, message_format, settings.dead_letters, observer)
-        handler = DeliveryHandler(
+        self._handler = handler = DeliveryHandler(
             self._models, Replier(transport, message_format, dead_letters, settings.recovery, claims),
             message_format, self._sessions, JobStarts(job_gate, channels.job_reply_channel(prefix)), observer,
             settings.worker_id, wall_ns, claims, cache)
@@ -120,6 +121,22 @@ class Worker:
     def serves(self, model: str) -> bool:
         """Whether this worker may serve ``model`` (``WorkerSettings.models``)."""
         return not self._settings.models or model in self._settings.models
+
+    def takes_directly(self, model: str) -> bool:
+        """Whether a request for ``model`` made in this process may go straight to ``answer``:
+        the model is served here and now, is neither a sequence model nor decoupled, and has
+        no failure retried (a retry is the broker's redelivery)."""
+        served = self._models.get(model)
+        if served is None or not self._active(model):
+            return False
+        config = served.entry.config
+        return config.sequence_batching is None and not config.decoupled and \
+            not (self._settings.recovery.retry_failures and self._models.retries_failures(model))
+
+    async def answer(self, request: Request) -> Response:
+        """Compute ``request`` here, without the broker (see ``takes_directly``); a failure is
+        answered as an error response, as it would be on the broker."""
+        return await self._handler.answer(request)
 
     async def load_model(self, model: str, overrides: LoadOverrides = LoadOverrides()) -> tuple[int, ...]:
         """Load or reload ``model``; return once its versions are ready, after
