@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.websockets import WebSocket
 from starlette.responses import Response
@@ -23,6 +24,7 @@ from gateway.classification import Classifiers
 from gateway.compression import compress, decompress, response_encoding
 from gateway.dashboard import Dashboard
 from gateway.errors import ClientDisconnected, FeatureDisabled, InvalidRequest, PayloadTooLarge
+from gateway.infer_door import InferDoor
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
@@ -107,7 +109,9 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
         routes += metrics.routes()
     if dashboard is not None:
         routes += dashboard.routes()
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=metrics.middleware() if metrics else None)
+    # Counted first; then the infer route's own door (gateway.infer_door) past the router.
+    middleware = [*(metrics.middleware() if metrics else ()), Middleware(InferDoor, infer=api.infer)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_allowed)
     return app

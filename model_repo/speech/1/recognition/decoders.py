@@ -58,29 +58,33 @@ class DecoderPool:
 
     def resume(self, corrid: Any, state_in: bytes, session: Session) -> Any | None:
         """The decoder that has heard the session's utterance in progress, or None when there is none."""
-        binding = self._bound.pop(corrid, None)
-        if binding is not None and session.in_speech and binding[1] == state_in:
-            self._lent.append(binding[0])
-            return binding[0]
-        if binding is not None:
-            self._abandon(binding[0])
-        if not session.in_speech:
-            return None
+        decoder = self._take_bound(corrid, state_in, session.in_speech)
+        if decoder is not None or not session.in_speech:
+            return decoder
         decoder = self.begin(session.cmn)
         feed(decoder, session.samples(session.audio_start, session.framed))
         return decoder
 
     def resume_second(self, corrid: Any, state_in: bytes, pending: Pending) -> Any:
         """The decoder that has heard the first ``pending.fed`` samples of the second pass."""
-        binding = self._bound.pop(_second(corrid), None)
-        if binding is not None and binding[1] == state_in:
-            self._lent.append(binding[0])
-            return binding[0]
-        if binding is not None:
-            self._abandon(binding[0])
+        decoder = self._take_bound(_second(corrid), state_in)
+        if decoder is not None:
+            return decoder
         decoder = self.begin(pending.cmn)
         feed(decoder, pending.audio[:2 * pending.fed])
         return decoder
+
+    def _take_bound(self, key: Any, state_in: bytes, usable: bool = True) -> Any | None:
+        """The decoder bound under ``key``, lent to the step now, if it is ``usable`` and was
+        left at ``state_in``; a binding that is not is abandoned."""
+        binding = self._bound.pop(key, None)
+        if binding is None:
+            return None
+        if usable and binding[1] == state_in:
+            self._lent.append(binding[0])
+            return binding[0]
+        self._abandon(binding[0])
+        return None
 
     def begin(self, cmn: str) -> Any:
         decoder = self._acquire()
