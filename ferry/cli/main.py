@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--broker", default="memory://", help=f"broker URL (memory://, {SHARED})")
     serve.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
                        help="on the embedded broker, hand plain requests straight to the worker "
-                            "(--no-direct: through the in-memory broker, as a fleet's go)")
+                            "(--no-direct: through the in-memory broker, as on a fleet)")
     gateway = commands.add_parser("gateway", parents=[common, http], help="the HTTP gateway alone")
     gateway.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")
