@@ -20,6 +20,8 @@ import pytest
 from broker import channels
 from broker.envelope import Response
 from broker.transports.memory import MemoryTransport
+from ferry.cli.main import build_parser
+from ferry.cli.settings import serve_settings
 from ferry.wiring.serve import Serving, build_serving
 from ferry.wiring.settings import ServeSettings
 from gateway.errors import UpstreamTimeout
@@ -163,3 +165,9 @@ async def test_a_direct_request_still_times_out_as_one_through_the_broker_would(
     async with serving(repo_of(tmp_path, "slow"), transport, reply_timeout_s=0.2) as built:
         with pytest.raises(UpstreamTimeout, match="no reply for model 'slow' within 0.2 s"):
             await built.front.service.infer("slow", "", slow_request(np.zeros(4, dtype=np.float32)))
+
+
+@pytest.mark.parametrize("flags, direct", [((), True), (("--direct",), True), (("--no-direct",), False)])
+def test_the_command_line_flag_reaches_the_service_settings(flags: tuple[str, ...], direct: bool) -> None:
+    args = build_parser().parse_args(["serve", "--model-repository", "model_repo", *flags])
+    assert serve_settings(args).service.direct is direct
