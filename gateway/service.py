@@ -57,7 +57,7 @@ class ServiceSettings:
     reply_timeout_s: float = 300.0
     channel_prefix: str = channels.PREFIX
     route_sequences: bool = False  # publish a sequence's steps to its worker's session channel (Redis)
-    direct: bool = True  # hand plain requests to a LocalWorker, when there is one, instead of the broker
+    direct: bool = True  # ferry serve on the embedded broker: give its service the worker as a LocalWorker
 
 
 Answered = Callable[[Response | None], None]

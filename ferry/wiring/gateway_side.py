@@ -78,7 +78,7 @@ class GatewaySide:
         router = ReplyRouter(transport, settings.gateway_id, prefix, claims=claims)
         service = InferenceService(transport, router, catalog, settings.service,
                                    limits=QueueLimits(transport, prefix), tracer=gateway_tracer(tracing),
-                                   claims=claims, local=local if settings.service.direct else None)
+                                   claims=claims, local=local)
         jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
         metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
                                   sources.stats, sources.local_worker)

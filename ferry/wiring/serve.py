@@ -79,7 +79,7 @@ def build_serving(settings: ServeSettings, transport: Transport | None = None) -
     # The local worker is live while this process is; workers elsewhere have their own /metrics.
     sources = Sources(lambda: (worker.worker_id,), beats, stats, worker.worker_id)
     # On the embedded broker the worker is the only one: requests need not cross the broker to reach it.
-    local = worker if heartbeats is None else None
+    local = worker if heartbeats is None and settings.service.direct else None
     front = GatewaySide.build(settings, transport, catalog, store, control, sources, tracing, claims, local)
     return Serving(front, back, catalog, heartbeat, (tracing, transport, heartbeats, claims, cache))
 

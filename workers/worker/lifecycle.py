@@ -126,12 +126,10 @@ class Worker:
         """Whether a request for ``model`` made in this process may go straight to ``answer``:
         the model is served here and now, is neither a sequence model nor decoupled, and has
         no failure retried (a retry is the broker's redelivery)."""
-        served = self._models.get(model)
-        if served is None or not self._active(model):
+        models = self._models
+        if models.get(model) is None or not self._active(model) or models.stateful(model) or models.decoupled(model):
             return False
-        config = served.entry.config
-        return config.sequence_batching is None and not config.decoupled and \
-            not (self._settings.recovery.retry_failures and self._models.retries_failures(model))
+        return not (self._settings.recovery.retry_failures and models.retries_failures(model))
 
     async def answer(self, request: Request) -> Response:
         """Compute ``request`` here, without the broker (see ``takes_directly``); a failure is
