@@ -1,14 +1,25 @@
 import sys
+import warnings
 from collections.abc import Iterator
 
 import pytest
 
+from tests.kafka_server import left_client_sockets
 from tests.redis_server import RedisServer
 
 # A coroutine never awaited fails the test where the garbage collector finds it (warnings are
 # errors), often far from where it was made; recording each coroutine's origin (as asyncio's
 # debug mode does) makes that warning name the lines that created it.
 sys.set_coroutine_origin_tracking_depth(12)
+
+
+@pytest.fixture(autouse=True)
+def _kafka_client_sockets_left_to_the_collector() -> None:
+    """Not a fault of the test the collector happens to run in: see ``tests.kafka_server.BROKER_PORTS``.
+    (pytest keeps one warnings context from a test's setup to its teardown, so this holds for all three.)"""
+    pattern = left_client_sockets()
+    if pattern is not None:
+        warnings.filterwarnings("ignore", message=pattern, category=ResourceWarning)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from types import TracebackType
 
 from tests.kafka.fetch_jars import fetch_jars
 from tests.kafka_server import (
-    JVM_OPTIONS, READY_LINE, READY_TIMEOUT_S, STOP_TIMEOUT_S, TOOL_TIMEOUT_S, KafkaStartError, cluster_id,
-    free_ports, java_executable, log4j2_properties,
+    BROKER_PORTS, JVM_OPTIONS, READY_LINE, READY_TIMEOUT_S, STOP_TIMEOUT_S, TOOL_TIMEOUT_S, KafkaStartError,
+    cluster_id, free_ports, java_executable, log4j2_properties,
 )
 
 NODES = 3
@@ -84,6 +84,7 @@ class KafkaCluster:
         try:
             ports = free_ports(2 * NODES)
             self.ports, controller_ports = ports[:NODES], ports[NODES:]
+            BROKER_PORTS.update(self.ports)
             cluster = cluster_id()
             configs = {node: self._configure(node, controller_ports) for node in range(1, NODES + 1)}
             for node, config in configs.items():

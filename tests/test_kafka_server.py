@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
 
 from tests.kafka.fetch_jars import FetchError, Jars, fetch_jars
-from tests.kafka_server import JavaNotFoundError, KafkaServer, broker_properties, create_topic
+from tests.kafka_server import (
+    BROKER_PORTS, JavaNotFoundError, KafkaServer, broker_properties, create_topic, left_client_sockets,
+)
 
 
 def kcat(*arguments: str, stdin: str = "") -> str:
@@ -108,3 +113,21 @@ def test_a_restarted_broker_keeps_its_port_and_its_topics(tmp_path):
         consumed = subprocess.run(["kcat", "-b", server.bootstrap, "-C", "-t", "kept", "-o", "beginning", "-e"],
                                   check=True, capture_output=True, timeout=60).stdout
     assert consumed.split() == [b"before", b"after"]
+
+
+def test_only_a_socket_left_open_to_a_test_broker_is_let_go(kafka_bootstrap: str) -> None:
+    """The collector's warning for a Kafka client's socket is let go, and for any other still fails."""
+    broker_port = int(kafka_bootstrap.rpartition(":")[2])
+    assert broker_port in BROKER_PORTS
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        other_port = other.getsockname()[1]
+        pattern = left_client_sockets()
+        assert pattern is not None
+        left = [socket.create_connection(("127.0.0.1", port)) for port in (broker_port, other_port)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", message=pattern, category=ResourceWarning)
+            del left
+            gc.collect()
+    [warned] = [str(each.message) for each in caught if each.category is ResourceWarning]
+    assert re.search(rf"raddr=\('127\.0\.0\.1', {other_port}\)", warned)
