@@ -18,6 +18,8 @@ uvicorn's httptools protocol:
 - connection limit: a connection over it gets 503 and is closed at once.
 
 An idle keep-alive connection is closed by uvicorn's own keep-alive timeout.
+
+Each request's response goes out in one write where it can (``gateway.held_head``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.held_head import HeldHead
 from gateway.v2_codec import render_error
 
 log = structlog.get_logger("ferry.gateway.http")
@@ -158,7 +161,10 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._request_begun = False
+        previous = self.cycle
         super().on_headers_complete()
+        if self.cycle is not previous:  # a request's cycle (an upgrade has none): one write per response
+            self.cycle.transport = HeldHead(self.transport, self.loop)  # type: ignore[assignment]
         self._arm_body_timer()
 
     def on_body(self, body: bytes) -> None:
