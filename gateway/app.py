@@ -178,7 +178,7 @@ class _Api:
         return error_response(f"invalid model path '{rest}': a model name must not contain '/'", 400)
 
     async def _guard(self, handler: Callable[[Request], Any], request: Request) -> Response:
-        return await guarded(handler(request), request.url.path, "http.unhandled")
+        return await guarded(handler(request), request.scope["path"], "http.unhandled")
 
     def _target(self, request: Request | WebSocket) -> tuple[str, str]:
         return checked_target(request.path_params["model"], request.path_params.get("version", ""))
@@ -258,7 +258,7 @@ class _Api:
                 chunks.append(chunk)
         except ClientDisconnect:
             # Clients hang up; that is news, not a fault (and the body timeout does it on purpose).
-            log.info("http.client_disconnected", path=request.url.path, received_bytes=size)
+            log.info("http.client_disconnected", path=request.scope["path"], received_bytes=size)
             raise ClientDisconnected(f"the client disconnected after {size} bytes of its request body") from None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return decompress(body, request.headers.get("content-encoding"), limit)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -40,6 +39,7 @@ from structlog.contextvars import bound_contextvars
 from broker import channels
 from broker.claims.check import Claims, NoClaims
 from broker.errors import BrokerError
+from broker.request_ids import new_request_id
 from broker.envelope import DEFAULT_LIMITS, Limits, Request, Response, WireTensor, encode_request
 from broker.transport import Transport
 from gateway.admission import QueueLimits
@@ -101,7 +101,7 @@ class InferenceService:
 
     async def infer(self, model: str, version: str, parsed: ParsedInfer,
                     trace: dict[str, str] | None = None) -> Response:
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         with bound_contextvars(request_id=request_id, model=model), \
                 self.tracer.span(model, request_id, trace) as span:
             response = await self._infer(model, version, parsed, span.trace, request_id)
@@ -140,7 +140,7 @@ class InferenceService:
     async def stream(self, model: str, version: str, parsed: ParsedInfer,
                      trace: dict[str, str] | None = None) -> AsyncIterator[Response]:
         """Publish now; the returned iterator yields each reply, the final one last."""
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         span = self.tracer.span(model, request_id, trace)
         try:
             request = self.envelope(model, version, parsed, span.trace, self._router.channel, request_id)
@@ -204,7 +204,7 @@ class InferenceService:
             raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
         self.catalog.entry(model).config.priority_level(_peek_priority(parsed))  # a bad level is refused here
         canonical = "" if number is None else str(number)  # '007' names version 7
-        return build_request(parsed, entry.name, canonical, reply_to, request_id or uuid.uuid4().hex,
+        return build_request(parsed, entry.name, canonical, reply_to, request_id or new_request_id(),
                              self._wall_ns(), trace or {})
 
     async def publish(self, request: Request, channel: str | None = None) -> None:

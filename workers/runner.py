@@ -91,7 +91,8 @@ class ModelRunner:
         self._sequencer: SequenceBatcher | None = None
         self._state_store = state_store
         self._observer = observer
-        self._batch_ids = (f"{uuid.uuid4().hex[:8]}-{n}" for n in itertools.count(1))
+        prefix = uuid.uuid4().hex[:8]  # this runner's; each batch's id adds its count
+        self._batch_ids = (f"{prefix}-{n}" for n in itertools.count(1))
         self._inline = InlineCompute()
 
     async def start(self) -> None:

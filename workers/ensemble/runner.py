@@ -14,13 +14,13 @@ whole ensemble's as ``ensemble_ms``.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
 import structlog
 
 from broker import channels
+from broker.request_ids import new_request_id
 from broker.envelope import ParamValue, Request, Response, WireTensor
 from workers.ensemble.caller import StepCaller
 from workers.ensemble.plan import TOTAL_LATENCY, Plan, PlannedStep, StepFailure, run_plan
@@ -117,7 +117,7 @@ class EnsembleRunner:
 
     async def _call(self, request: Request, step: PlannedStep, feed: dict[str, WireTensor]) -> Mapping[str, WireTensor]:
         step_request = Request(
-            id=uuid.uuid4().hex, model=step.model, model_version=step.version, reply_to="",
+            id=new_request_id(), model=step.model, model_version=step.version, reply_to="",
             inputs=tuple(replace(tensor, name=name) for name, tensor in feed.items()),
             outputs=tuple(step.outputs), timeout_us=request.timeout_us, deadline_ns=request.deadline_ns,
             trace=request.trace, created_ns=request.created_ns,

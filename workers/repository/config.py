@@ -86,6 +86,9 @@ class QueuePolicy(_Model):
     max_queue_size: NonNegInt = 0
 
 
+_NO_QUEUE_POLICY = QueuePolicy()  # a model without dynamic batching's (frozen: one serves them all)
+
+
 class DynamicBatching(_Model):
     preferred_batch_size: tuple[PositiveInt, ...] = ()
     max_queue_delay_microseconds: NonNegInt = 0
@@ -217,7 +220,7 @@ class ModelConfig(_Model):
 
     @property
     def queue_policy(self) -> QueuePolicy:
-        return self.dynamic_batching.default_queue_policy if self.dynamic_batching else QueuePolicy()
+        return self.dynamic_batching.default_queue_policy if self.dynamic_batching else _NO_QUEUE_POLICY
 
     def priority_level(self, priority: int) -> int:
         """The level a request's ``priority`` parameter names (0: the default

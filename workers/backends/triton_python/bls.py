@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from broker import channels
+from broker.request_ids import new_request_id
 from broker.envelope import (
     ErrorInfo, ParamValue, Request, Response, WireTensor, decode_response, encode_request,
 )
@@ -73,7 +73,7 @@ def envelope(model: str, version: int, inputs: Sequence[pb_utils.Tensor], output
         datatype, data = encode_array(array)
         wire.append(WireTensor(tensor.name(), datatype, tuple(array.shape), data))
     kept: dict[str, ParamValue] = {k: v for k, v in parameters.items() if isinstance(v, (str, int, float, bool))}
-    return Request(id=uuid.uuid4().hex, model=model, model_version=str(version) if version > 0 else "",
+    return Request(id=new_request_id(), model=model, model_version=str(version) if version > 0 else "",
                    inputs=tuple(wire), reply_to=UNROUTED, outputs=tuple(outputs), parameters=kept,
                    timeout_us=timeout_us, deadline_ns=now_ns + timeout_us * 1000 if timeout_us else 0,
                    created_ns=now_ns)
