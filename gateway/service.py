@@ -39,8 +39,8 @@ from structlog.contextvars import bound_contextvars
 from broker import channels
 from broker.claims.check import Claims, NoClaims
 from broker.errors import BrokerError
-from broker.request_ids import new_request_id
 from broker.envelope import DEFAULT_LIMITS, Limits, Request, Response, WireTensor, encode_request
+from broker.request_ids import new_request_id
 from broker.transport import Transport
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
