@@ -9,7 +9,7 @@ mode the ones loaded so far.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from gateway.errors import InvalidRequest
@@ -17,7 +17,7 @@ from workers.decimal_text import ascii_int
 from workers.errors import ConfigError, ModelNotFound
 from workers.repository.layout import ModelEntry, ModelRepository, RepositoryIndex, is_safe_name
 
-ReadyVersions = Callable[[], dict[str, tuple[int, ...]]]
+ReadyVersions = Callable[[], Mapping[str, tuple[int, ...]]]
 
 
 class ModelCatalog:

@@ -44,6 +44,7 @@ from broker.request_ids import new_request_id
 from broker.transport import Transport
 from gateway.admission import QueueLimits
 from gateway.catalog import ModelCatalog
+from gateway.deadlines import Deadlines
 from gateway.errors import InvalidRequest, ModelUnavailable, PayloadTooLarge, UpstreamTimeout
 from broker.replies import ReplyRouter
 from gateway.sequence_homes import SequenceHomes
@@ -98,6 +99,7 @@ class InferenceService:
         self._settings = settings
         self._wall_ns = wall_ns
         self._homes = SequenceHomes() if settings.route_sequences else None
+        self._deadlines = Deadlines(settings.reply_timeout_s)  # one timer for every request's reply timeout
 
     async def infer(self, model: str, version: str, parsed: ParsedInfer,
                     trace: dict[str, str] | None = None) -> Response:
@@ -119,7 +121,7 @@ class InferenceService:
         if local is not None and request.sequence_id is None and config.queue_policy.max_queue_size <= 0 \
                 and local.takes_directly(request.model):
             try:
-                async with asyncio.timeout(self._settings.reply_timeout_s):
+                with self._deadlines.watch():
                     return await local.answer(request)
             except TimeoutError:
                 raise self._no_reply(model) from None
@@ -128,7 +130,7 @@ class InferenceService:
         response: Response | None = None
         try:
             answered = await self._publish_step(request)
-            async with asyncio.timeout(self._settings.reply_timeout_s):
+            with self._deadlines.watch():
                 response = await future
         except TimeoutError:
             raise self._no_reply(model) from None
@@ -159,7 +161,7 @@ class InferenceService:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(self._settings.reply_timeout_s):
+                    with self._deadlines.watch():
                         response = await queue.get()
                 except TimeoutError:
                     raise self._no_reply(request.model) from None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ from workers.telemetry.wire import WorkerStats, parse_stats
 
 log = structlog.get_logger("ferry.heartbeat")
 
-ServedModels = dict[str, tuple[int, ...]]
+ServedModels = Mapping[str, tuple[int, ...]]
 SCAN_BATCH = 256
 # Stats for a few hundred model versions fit; past this the beat goes without them.
 MAX_HEARTBEAT_BYTES = 256 * 1024
@@ -124,7 +124,7 @@ def decode_beat(raw: bytes) -> Beat | None:
     worker, models = body.get("worker"), body.get("models")
     if not isinstance(worker, str) or not isinstance(models, dict):
         return None
-    served: ServedModels = {}
+    served: dict[str, tuple[int, ...]] = {}
     for name, versions in models.items():
         if isinstance(name, str) and isinstance(versions, list):
             served[name] = tuple(v for v in versions if isinstance(v, int) and not isinstance(v, bool))

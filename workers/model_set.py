@@ -11,8 +11,9 @@ rolls out, and an old one leaves, without dropping a request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from types import TracebackType
 from dataclasses import dataclass, field
 
 import structlog
@@ -48,7 +49,8 @@ class ModelSet:
     def __init__(self) -> None:
         self._served: dict[str, Served] = {}
         self._in_flight: dict[Runner, int] = {}
-        self._idle: dict[Runner, asyncio.Event] = {}
+        self._drained: dict[Runner, asyncio.Event] = {}  # set when a retired runner's last request is answered
+        self._ready: Mapping[str, tuple[int, ...]] | None = None  # what ready() answers until install or remove
 
     def names(self) -> list[str]:
         return list(self._served)
@@ -80,26 +82,26 @@ class ModelSet:
     def priority_levels(self, model: str) -> int:
         return max(runner.priority_levels for runner in self.runners(model).values())
 
-    def ready(self) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(sorted(served.runners)) for name, served in self._served.items()}
+    def ready(self) -> Mapping[str, tuple[int, ...]]:
+        """The versions served, by model: asked on every request, built again only after a change."""
+        if self._ready is None:
+            self._ready = {name: tuple(sorted(served.runners)) for name, served in self._served.items()}
+        return self._ready
 
-    @contextmanager
-    def use(self, model: str, version: str) -> Iterator[Runner]:
-        """The runner for ``version`` ('' = the newest), counted in flight meanwhile."""
-        runner = self._select(model, version)
-        self._in_flight[runner] = self._in_flight.get(runner, 0) + 1
-        self._idle.setdefault(runner, asyncio.Event()).clear()
-        try:
-            yield runner
-        finally:
-            left = self._in_flight[runner] = self._in_flight[runner] - 1
-            if left == 0:
-                self._idle[runner].set()
+    def use(self, model: str, version: str) -> AbstractContextManager[Runner]:
+        """The runner for ``version`` ('' = the newest), counted in flight while the ``with`` block runs."""
+        return _InUse(self, self._select(model, version))
+
+    def _answered(self, runner: Runner) -> None:
+        left = self._in_flight[runner] = self._in_flight[runner] - 1
+        if left == 0 and runner in self._drained:
+            self._drained[runner].set()
 
     def install(self, model: str, served: Served) -> Retired:
         """Serve ``served`` from now on; what it replaces is returned for ``retire``."""
         old = self._served.get(model)
         self._served[model] = served
+        self._ready = None
         if old is None:
             return Retired([])
         kept = set(served.runners.values())
@@ -109,6 +111,7 @@ class ModelSet:
 
     def remove(self, model: str) -> Retired:
         old = self._served.pop(model, None)
+        self._ready = None
         return Retired([]) if old is None else Retired(list(old.runners.values()), old.owned)
 
     async def retire(self, retired: Retired) -> None:
@@ -117,9 +120,10 @@ class ModelSet:
             if self._in_flight.get(runner, 0) > 0:
                 log.info("model.draining", model=runner.entry.name, version=runner.version,
                          in_flight=self._in_flight[runner])
-                await self._idle[runner].wait()
+                # Retired: no new request reaches it, so once none is in flight none will be.
+                await self._drained.setdefault(runner, asyncio.Event()).wait()
             self._in_flight.pop(runner, None)
-            self._idle.pop(runner, None)
+            self._drained.pop(runner, None)
             await runner.aclose()
             log.info("model.unloaded", model=runner.entry.name, version=runner.version)
         if retired.owned is not None:
@@ -140,3 +144,22 @@ class ModelSet:
         if runner is None:
             raise ModelNotFound(f"model '{model}' has no version '{version}' loaded")
         return runner
+
+
+class _InUse:
+    """``ModelSet.use``'s context: a class, not a generator, since every request enters one."""
+
+    __slots__ = ("_models", "_runner")
+
+    def __init__(self, models: ModelSet, runner: Runner) -> None:
+        self._models = models
+        self._runner = runner
+
+    def __enter__(self) -> Runner:
+        in_flight = self._models._in_flight
+        in_flight[self._runner] = in_flight.get(self._runner, 0) + 1
+        return self._runner
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._models._answered(self._runner)

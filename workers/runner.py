@@ -94,6 +94,7 @@ class ModelRunner:
         prefix = uuid.uuid4().hex[:8]  # this runner's; each batch's id adds its count
         self._batch_ids = (f"{prefix}-{n}" for n in itertools.count(1))
         self._inline = InlineCompute()
+        self._runs_now = False  # see _may_run_now
 
     async def start(self) -> None:
         contexts = self._contexts()
@@ -116,10 +117,11 @@ class ModelRunner:
             self._sequencer = self._sequence_batcher(len(contexts))
             await self._sequencer.start()
         elif not self.config.decoupled:
-            self._batcher = DynamicBatcher(
-                self._run_batch, batch_policy(self.config), len(contexts), self._clocks.monotonic
-            )
+            policy = batch_policy(self.config)
+            self._batcher = DynamicBatcher(self._run_batch, policy, len(contexts), self._clocks.monotonic)
             await self._batcher.start()
+            self._runs_now = policy.cuts_alone and not any(
+                getattr(backend, "calls_models", False) or self._limited(backend) for backend in self._backends)
         log.info("model.ready", model=self.entry.name, version=self.version, instances=len(contexts))
 
     def _sequence_batcher(self, instances: int) -> SequenceBatcher:
@@ -191,8 +193,11 @@ class ModelRunner:
                 request.id, request.sequence_id, request.sequence_start, request.sequence_end, inputs)
             return _select(outputs, request.outputs)
         assert self._batcher is not None, "infer() before start()"
+        item = _Item(inputs, timeline, rows)
+        if self._may_run_now():
+            return _select(self._run_now(item), request.outputs)
         outputs = await self._batcher.submit(
-            _Item(inputs, timeline, rows),
+            item,
             rows=rows,
             key=batch_key(inputs),
             priority=self.config.priority_level(request.priority),
@@ -258,30 +263,62 @@ class ModelRunner:
             raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
         return outputs
 
-    async def _run_batch(self, batch: Sequence[_Item]) -> list[Tensors | BaseException]:
+    def _may_run_now(self) -> bool:
+        """Whether a request may skip the batcher's queue, loop and task: an instance is
+        idle, the policy waits for no batch-mates (so the batcher would cut it at once,
+        alone or with what waits), and batches are cheap enough to run on the event loop
+        (``workers.batching.inline``). It then runs in the caller's own task, with no
+        ``await`` between taking the instance and giving it back, so nothing else runs
+        meanwhile and no cancellation can leave the instance computing unheld.
+
+        Requests already queued are not waited for: the batcher's task goes on taking them,
+        a batch each time it runs, while newcomers run now, so the queue drains (a backlog
+        builds only while batches go to the thread, the warm-up's first). Waiting for them
+        instead kept every later request queued for as long as requests kept arriving
+        faster than the batcher's task took them."""
+        return self._runs_now and not self._idle.empty() and self._inline.inline()
+
+    def _run_now(self, item: _Item) -> Tensors:
+        backend = self._idle.get_nowait()
+        start = self._clocks.wall_ns()
+        phases = _Phases()
+        try:
+            return self._compute(backend, (item,), phases)[0]
+        finally:
+            self._idle.put_nowait(backend)
+            self._inline.took(phases.elapsed_ns / 1e9, inline=True)
+            self._record((item,), start, phases)
+
+    async def _run_batch(self, batch: Sequence[_Item]) -> Sequence[Tensors | BaseException]:
         backend = await self._idle.get()
         start = self._clocks.wall_ns()
         phases = _Phases()
+        inline = False
         try:
             async with self._held(backend):
                 # Cheaper than handing it to the thread (workers.batching.inline), unless the model may call
                 # other models (BLS), whose replies need this event loop free while it waits.
-                if self._inline.inline() and not getattr(backend, "calls_models", False):
+                inline = not getattr(backend, "calls_models", False) and self._inline.inline()
+                if inline:
                     return self._compute(backend, batch, phases)
                 loop = asyncio.get_running_loop()
                 # A batch that takes a while (merging and splitting copy whole batches) stays off the event loop.
                 return await loop.run_in_executor(self._executor, self._compute, backend, batch, phases)
         finally:
             self._idle.put_nowait(backend)
-            self._inline.took(phases.elapsed_ns / 1e9)
+            self._inline.took(phases.elapsed_ns / 1e9, inline)
             self._record(batch, start, phases)
 
     def _held(self, backend: Backend) -> AbstractAsyncContextManager[None]:
         """The rate limiter's turn for this instance (none to wait for without one)."""
-        instance, needs = self._needs.get(id(backend), ("", Needs()))
-        if self._limiter is None or not needs.resources:
+        if not self._limited(backend):
             return nullcontext()
-        return self._limiter.hold(instance, needs)
+        assert self._limiter is not None
+        return self._limiter.hold(*self._needs[id(backend)])
+
+    def _limited(self, backend: Backend) -> bool:
+        """Whether the instance waits for the rate limiter's turn."""
+        return self._limiter is not None and bool(self._needs.get(id(backend), ("", Needs()))[1].resources)
 
     def _record(self, batch: Sequence[_Item], start: int, phases: _Phases) -> None:
         rows = sum(item.rows for item in batch)
@@ -292,7 +329,7 @@ class ModelRunner:
                 item.timeline.ran_in(record)
         self._observer.batch_ran(record)
 
-    def _compute(self, backend: Backend, items: Sequence[_Item], phases: _Phases) -> list[Tensors | BaseException]:
+    def _compute(self, backend: Backend, items: Sequence[_Item], phases: _Phases) -> list[Tensors]:
         buffers = self._buffers[id(backend)]
         began = time.perf_counter_ns()
         try:
@@ -305,7 +342,7 @@ class ModelRunner:
             missing = [o.name for o in self.config.outputs if o.name not in outputs]
             if missing:
                 raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
-            results: list[Tensors | BaseException] = (
+            results: list[Tensors] = (
                 [outputs] if self.config.max_batch_size <= 0 else list(split(outputs, [item.rows for item in items])))
             phases.input_ns, phases.infer_ns = merged_at - began, ran_at - merged_at
             phases.output_ns = time.perf_counter_ns() - ran_at

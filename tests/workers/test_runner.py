@@ -162,3 +162,42 @@ async def test_cheap_batches_run_on_the_event_loop_and_slow_ones_on_the_instance
     loop_thread = threading.current_thread().name
     assert all(name != loop_thread for name in where.threads[:8]), "a batch ran inline before the warm-up"
     assert all((name == loop_thread) == inline_after_warmup for name in where.threads[9:]), where.threads
+
+
+class Tasks(Where):
+    """Records the asyncio task each batch ran in (None on the instance's thread)."""
+
+    def __init__(self, calls_models: bool = False) -> None:
+        super().__init__(0.0)
+        self.tasks: list[asyncio.Task[object] | None] = []
+        self.calls_models = calls_models
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            self.tasks.append(asyncio.current_task())
+        except RuntimeError:  # no event loop in this thread
+            self.tasks.append(None)
+        return super().infer(inputs)
+
+
+@pytest.mark.parametrize(("delay_us", "calls_models", "runs_in_caller"),
+                         [(0, False, True), (200000, False, False), (0, True, False)])
+async def test_a_cheap_request_that_finds_nothing_waiting_runs_in_its_callers_task(
+        tmp_path: Path, delay_us: int, calls_models: bool, runs_in_caller: bool):
+    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
+    config = tmp_path / "add_sub/config.pbtxt"
+    config.write_text(config.read_text().replace("max_queue_delay_microseconds: 100",
+                                                 f"max_queue_delay_microseconds: {delay_us}"))
+    backend = Tasks(calls_models)
+    runner = ModelRunner(ModelRepository(tmp_path).entry("add_sub"), 1, backend_factory=lambda context: backend)
+    await runner.start()
+    try:
+        for n in range(12):
+            outputs = await runner.infer(request(n))
+            np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 16), 2 * n, np.float32))
+    finally:
+        await runner.aclose()
+    caller = asyncio.current_task()
+    assert all(task is None for task in backend.tasks[:8]), "a batch ran on the event loop before the warm-up"
+    assert all((task is caller) == runs_in_caller for task in backend.tasks[9:]), backend.tasks
+

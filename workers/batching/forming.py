@@ -27,6 +27,12 @@ class BatchPolicy:
     def batching(self) -> bool:
         return self.max_batch_size > 0
 
+    @property
+    def cuts_alone(self) -> bool:
+        """Whether a request that finds nothing waiting is a batch of its own at once
+        (no batching, or no queue delay to wait for batch-mates)."""
+        return not self.batching or self.max_queue_delay_s <= 0
+
 
 @dataclass(slots=True)
 class Pending(Generic[T]):

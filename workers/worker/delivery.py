@@ -26,8 +26,9 @@ ack or retry.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Protocol
 
 import structlog
@@ -124,15 +125,10 @@ class DeliveryHandler:
         with self._observed(request, self._wall_ns()) as timeline:
             return await self._respond(request.model, request, timeline)
 
-    @contextmanager
-    def _observed(self, request: Request, received: int) -> Iterator[Timeline]:
+    def _observed(self, request: Request, received: int) -> _Observed:
         timeline = Timeline.of(request, self._worker_id, received)
         self._observer.received(timeline)
-        try:
-            yield timeline
-        finally:
-            timeline.done_ns = self._wall_ns()
-            self._observer.finished(timeline)
+        return _Observed(self, timeline)
 
     async def _redeemed(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> Request | None:
         """``request`` with its claim-checked inputs' bytes; None when it was answered
@@ -250,6 +246,25 @@ class DeliveryHandler:
         if request.model != model:
             raise ModelNotFound(f"model '{request.model}' is not served on the request channel of '{model}'")
         return self._models.use(model, request.model_version)
+
+
+class _Observed:
+    """A request's timeline, told to the observer as finished when the ``with`` block
+    ends (a class, not a generator: every request enters one)."""
+
+    __slots__ = ("_handler", "_timeline")
+
+    def __init__(self, handler: DeliveryHandler, timeline: Timeline) -> None:
+        self._handler = handler
+        self._timeline = timeline
+
+    def __enter__(self) -> Timeline:
+        return self._timeline
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._timeline.done_ns = self._handler._wall_ns()
+        self._handler._observer.finished(self._timeline)
 
 
 def _bind_batch(timeline: Timeline) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -115,7 +115,7 @@ class Worker:
             except Exception as exc:
                 log.error("worker.load_failed", model=name, worker_id=self.worker_id, error=str(exc))
 
-    def ready_models(self) -> dict[str, tuple[int, ...]]:
+    def ready_models(self) -> Mapping[str, tuple[int, ...]]:
         return self._models.ready()
 
     def serves(self, model: str) -> bool:

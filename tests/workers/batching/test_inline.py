@@ -25,8 +25,37 @@ def test_one_slow_batch_sends_the_next_ones_to_the_thread_until_the_average_come
     assert 10 <= steps <= 20
 
 
-def test_a_slow_model_never_goes_inline():
+def test_a_slow_model_does_not_go_inline():
     inline = InlineCompute(below_s=1e-3, warmup=2)
     for _ in range(50):
         inline.took(2e-3)
     assert not inline.inline()
+
+
+def test_a_slow_model_is_probed_on_the_event_loop_ever_more_rarely():
+    inline = InlineCompute(below_s=1e-3, warmup=2, probe_every=16, probe_every_max=256)
+    for _ in range(2):
+        inline.took(2e-3)
+    probes = []
+    for n in range(5000):
+        on_loop = inline.inline()
+        if on_loop:
+            probes.append(n)
+        inline.took(2e-3, inline=on_loop)
+    gaps = [b - a for a, b in zip([-1, *probes], probes)]
+    assert gaps[:5] == [16, 32, 64, 128, 256], gaps
+    assert set(gaps[5:]) == {256}, gaps
+
+
+def test_a_model_slow_only_on_the_thread_comes_back_to_the_event_loop_after_a_probe():
+    # On the thread, a batch waits for the GIL too: it looks slow there while the loop is busy.
+    inline = InlineCompute(below_s=1e-3, warmup=2, probe_every=16)
+    for _ in range(2):
+        inline.took(6e-3)
+    asked = 0
+    while not inline.inline():
+        inline.took(6e-3)
+        asked += 1
+    assert asked == 15
+    inline.took(1e-4, inline=True)  # what it takes on the loop
+    assert all(inline.inline() for _ in range(10))
