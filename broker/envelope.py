@@ -47,12 +47,16 @@ class WireTensor:
 
     A claim-checked tensor travels without its bytes: ``claim`` names where
     they wait (``broker.claims``) and ``data`` is empty until they are redeemed.
-    A redeemed tensor keeps its claim beside its bytes, and is sent on inline."""
+    A redeemed tensor keeps its claim beside its bytes, and is sent on inline.
+
+    ``data`` may be a view (a ``memoryview``) on the bytes the tensor arrived in, or on
+    the array a model returned: what is read from an HTTP body or written to a response
+    is not copied on the way. A decoded envelope's are ``bytes``."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
     claim: str = ""
 
 

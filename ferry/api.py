@@ -242,7 +242,8 @@ def _parsed(inputs: Mapping[str, Any], outputs: Sequence[str], parameters: Mappi
         if array.dtype.kind in "US":
             array = array.astype(object)
         datatype, data = encode_array(array)
-        tensors.append(WireTensor(name, datatype, tuple(array.shape), data))
+        # A copy: the caller's arrays are theirs to change once this returns, a job's request included.
+        tensors.append(WireTensor(name, datatype, tuple(array.shape), bytes(data)))
     return ParsedInfer(id=request_id, inputs=tuple(tensors),
                        outputs=tuple(RequestedOutput(name, binary=True) for name in outputs),
                        parameters=dict(parameters or {}), binary_output_default=True)

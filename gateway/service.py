@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from structlog.contextvars import bound_contextvars
+from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from broker import channels
 from broker.claims.check import Claims, NoClaims
@@ -104,11 +104,16 @@ class InferenceService:
     async def infer(self, model: str, version: str, parsed: ParsedInfer,
                     trace: dict[str, str] | None = None) -> Response:
         request_id = new_request_id()
-        with bound_contextvars(request_id=request_id, model=model), \
-                self.tracer.span(model, request_id, trace) as span:
-            response = await self._infer(model, version, parsed, span.trace, request_id)
-            span.answered(response)
-            return replace(response, id=parsed.id)
+        # Every log line about this request carries these. Reset by token, not with structlog's
+        # bound_contextvars, which copies and scans the whole context on each request.
+        tokens = bind_contextvars(request_id=request_id, model=model)
+        try:
+            with self.tracer.span(model, request_id, trace) as span:
+                response = await self._infer(model, version, parsed, span.trace, request_id)
+                span.answered(response)
+                return replace(response, id=parsed.id)
+        finally:
+            reset_contextvars(**tokens)
 
     async def _infer(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str],
                      request_id: str) -> Response:
@@ -204,10 +209,11 @@ class InferenceService:
         entry, number = self.catalog.version(model, version)
         if not self.catalog.is_ready(entry.name, number):
             raise ModelUnavailable(f"model '{model}' {'version ' + version + ' ' if version else ''}is not ready")
-        self.catalog.entry(model).config.priority_level(_peek_priority(parsed))  # a bad level is refused here
         canonical = "" if number is None else str(number)  # '007' names version 7
-        return build_request(parsed, entry.name, canonical, reply_to, request_id or new_request_id(),
-                             self._wall_ns(), trace or {})
+        request = build_request(parsed, entry.name, canonical, reply_to, request_id or new_request_id(),
+                                self._wall_ns(), trace or {})
+        entry.config.priority_level(request.priority)  # a level the model lacks is refused here
+        return request
 
     async def publish(self, request: Request, channel: str | None = None) -> None:
         """Onto the model's request channel, or onto ``channel`` when given."""
@@ -288,10 +294,6 @@ def _envelope_inputs(parsed: ParsedInfer) -> tuple[WireTensor, ...]:
         raise InvalidRequest(f"{where}: shared memory region '{region.region}' can be used only "
                              f"through POST /v2/models/<model>/infer")
     return tuple(t for t in parsed.inputs if isinstance(t, WireTensor))
-
-
-def _peek_priority(parsed: ParsedInfer) -> int:
-    return _int_param(dict(parsed.parameters), "priority")
 
 
 def _int_param(params: dict[str, object], name: str, maximum: int | None = None) -> int:

@@ -81,7 +81,7 @@ def render_infer_response(response: Response, requested: tuple[RequestedOutput, 
                           binary_default: bool, classify: Classify | None = None) -> tuple[bytes, int | None]:
     """``classify(tensor, k)`` turns an output asked for with ``classification: K`` into its top K."""
     entries: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     for tensor, wanted in selected_outputs(response.outputs, requested, binary_default):
         if wanted.classification:
             if classify is None:
@@ -250,7 +250,7 @@ def _check_binary_total(parts: list[_BinaryInput], available: int) -> None:
 
 def _bind_binary(part: _BinaryInput, blob: memoryview, offset: int) -> tuple[WireTensor, int]:
     end = offset + part.size
-    data = bytes(blob[offset:end])
+    data = blob[offset:end]  # a view on the body: its bytes are not copied
     if part.datatype == "BYTES":
         try:
             split_bytes(part.name, data, element_count(part.shape))

@@ -98,7 +98,7 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return count
 
 
-def decode_array(name: str, datatype: str, shape: tuple[int, ...], data: bytes) -> np.ndarray:
+def decode_array(name: str, datatype: str, shape: tuple[int, ...], data: bytes | memoryview) -> np.ndarray:
     """Raw wire bytes -> numpy array, checking the size against the shape."""
     if any(dim < 0 for dim in shape):
         raise TensorError(f"tensor '{name}': shape {list(shape)} has a negative dimension")
@@ -114,13 +114,14 @@ def decode_array(name: str, datatype: str, shape: tuple[int, ...], data: bytes) 
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def encode_array(array: np.ndarray) -> tuple[str, bytes]:
-    """numpy array -> (datatype, raw wire bytes)."""
+def encode_array(array: np.ndarray) -> tuple[str, bytes | memoryview]:
+    """numpy array -> (datatype, raw wire bytes). Those of a numeric array are a view on
+    it (a copy only where it is not contiguous): the array must not change afterwards."""
     datatype = datatype_of(array)
     if datatype == "BYTES":
         return datatype, join_bytes(array.reshape(-1))
     dtype = numpy_dtype(datatype)
-    return datatype, np.ascontiguousarray(array, dtype=dtype).tobytes()
+    return datatype, np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8).data
 
 
 def split_bytes(name: str, data: bytes | memoryview, count: int) -> list[bytes]:

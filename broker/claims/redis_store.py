@@ -37,7 +37,7 @@ class RedisClaims:
             raise ClaimMissing(f"claim '{claim[:80]}' does not name a ferry claim key")
         return channels.claim_key(found, self._prefix)
 
-    async def put(self, blobs: Sequence[bytes], ttl_s: float, owner: str) -> list[str]:
+    async def put(self, blobs: Sequence[bytes | memoryview], ttl_s: float, owner: str) -> list[str]:
         """``owner`` is not kept: every blob has a TTL, and Redis does not know which processes live."""
         claims = [f"{self.scheme}:{uuid.uuid4().hex}" for _ in blobs]
         ttl_ms = max(1, int(ttl_s * 1000))

@@ -45,7 +45,7 @@ class ShmClaims:
         self._swept_at = 0.0
         self.sweep()
 
-    async def put(self, blobs: Sequence[bytes], ttl_s: float, owner: str) -> list[str]:
+    async def put(self, blobs: Sequence[bytes | memoryview], ttl_s: float, owner: str) -> list[str]:
         """The TTL is the store's own (the sweep applies it); an owner tag that is not one
         (a request from outside ferry) makes this process the owner."""
         self._maybe_sweep()
@@ -62,7 +62,7 @@ class ShmClaims:
         return claims
 
     @staticmethod
-    def _write(path: Path, blob: bytes) -> None:
+    def _write(path: Path, blob: bytes | memoryview) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             view = memoryview(blob)

@@ -16,7 +16,7 @@ class ClaimStore(Protocol):
     scheme: str
     owner: str  # this process's ``process_tag``
 
-    async def put(self, blobs: Sequence[bytes], ttl_s: float, owner: str) -> list[str]:
+    async def put(self, blobs: Sequence[bytes | memoryview], ttl_s: float, owner: str) -> list[str]:
         """Store each blob for at most ``ttl_s``, for ``owner``: the process that sent the
         request they belong to, and waits for its reply. Returns one claim per blob, in order."""
 

@@ -78,7 +78,7 @@ class _Region:
         """Whether the segment still holds the range (a write must not grow the client's segment)."""
         return os.fstat(self._open()).st_size >= self.offset + offset + byte_size
 
-    def write(self, offset: int, data: bytes, where: str) -> None:
+    def write(self, offset: int, data: bytes | memoryview, where: str) -> None:
         view, position = memoryview(data), self.offset + offset
         try:
             while view:
@@ -121,7 +121,7 @@ class Slice:
             raise InvalidRequest(f"{where}: shared memory region '{name}' (key '{self.region.key}') is "
                                  f"read-only to the server; outputs cannot be written to it")
 
-    def check_write(self, data: bytes, where: str) -> None:
+    def check_write(self, data: bytes | memoryview, where: str) -> None:
         """Refuse a write that cannot be done whole: call for every output before writing any."""
         self.check_target(where)
         name = self.region.name
@@ -132,7 +132,7 @@ class Slice:
             raise InvalidRequest(f"{where}: shared memory region '{name}' no longer holds its "
                                  f"{self.byte_size} bytes: segment '{self.region.key}' has shrunk")
 
-    def write(self, data: bytes, where: str) -> None:
+    def write(self, data: bytes | memoryview, where: str) -> None:
         self.region.write(self.offset, data, where)
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from structlog.contextvars import bind_contextvars, get_contextvars, merge_contextvars
+from structlog.testing import capture_logs
 
 from ferry.wiring.serve import build_app
 from gateway.app import HttpSettings
@@ -153,3 +155,15 @@ async def test_trace_settings_of_an_unknown_model_and_bad_log_settings_are_refus
                         ({"verbose": 1}, "unknown log setting 'verbose'")):
         answer = await client.post("/v2/logging", json=body)
         assert answer.status_code == 400 and error in answer.json()["error"], answer.json()
+
+
+async def test_a_requests_log_context_is_bound_while_it_runs_and_gone_after(client):
+    bind_contextvars(request_id="the caller's own")  # restored, not cleared, afterwards
+    bad = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "FP32", "data": [2.0] * 16}
+                      for n in ("INPUT0", "NOT_AN_INPUT")]}
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        response = await client.post("/v2/models/add_sub/infer", json=bad)
+    assert response.status_code == 400
+    failed = [line for line in logs if line["event"] == "worker.request_failed"]
+    assert failed and failed[0]["request_id"] != "the caller's own" and failed[0]["model"] == "add_sub"
+    assert get_contextvars().get("request_id") == "the caller's own" and "model" not in get_contextvars()

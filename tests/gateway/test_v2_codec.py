@@ -70,6 +70,16 @@ def test_binary_input_round_trips_every_datatype(datatype):
     assert tensor == WireTensor("X", datatype, (2, 3), raw)
 
 
+def test_a_binary_input_is_a_view_on_the_body_it_arrived_in():
+    raw = np.arange(6, dtype=np.float32).tobytes()
+    body, length = _body({"inputs": [{"name": "X", "shape": [2, 3], "datatype": "FP32",
+                                      "parameters": {"binary_data_size": len(raw)}}]}, raw)
+    (tensor,) = parse_infer_request(body, length).inputs
+    array = decode_array("X", "FP32", (2, 3), tensor.data)
+    assert np.shares_memory(array, np.frombuffer(body, np.uint8)), "the input's bytes were copied"
+    np.testing.assert_array_equal(array, np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
 @pytest.mark.parametrize("datatype", [d for d in JSON_DATATYPES if d != "BYTES"])
 def test_json_input_round_trips_every_numeric_datatype(datatype):
     array = SAMPLES[datatype]

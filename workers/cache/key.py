@@ -24,7 +24,7 @@ SCHEDULING = frozenset({"priority", "timeout", "sequence_id", "sequence_start", 
 def cache_key(request: Request, model: str, version: int) -> bytes:
     digest = hashlib.blake2b(digest_size=32, person=b"ferry-cache-v1")
 
-    def part(data: bytes) -> None:
+    def part(data: bytes | memoryview) -> None:
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
 

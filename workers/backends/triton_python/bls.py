@@ -71,7 +71,8 @@ def envelope(model: str, version: int, inputs: Sequence[pb_utils.Tensor], output
     for tensor in inputs:
         array = tensor.as_numpy()
         datatype, data = encode_array(array)
-        wire.append(WireTensor(tensor.name(), datatype, tuple(array.shape), data))
+        # A copy: the model may change its array while its request is still on the way (async_exec).
+        wire.append(WireTensor(tensor.name(), datatype, tuple(array.shape), bytes(data)))
     kept: dict[str, ParamValue] = {k: v for k, v in parameters.items() if isinstance(v, (str, int, float, bool))}
     return Request(id=new_request_id(), model=model, model_version=str(version) if version > 0 else "",
                    inputs=tuple(wire), reply_to=UNROUTED, outputs=tuple(outputs), parameters=kept,
