@@ -59,6 +59,12 @@ class Transport(Protocol):
     async def ack(self, delivery: Delivery) -> None:
         """Mark ``delivery`` done for its group."""
 
+    async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
+                    headers: Headers = ()) -> None:
+        """Publish ``payload`` onto ``channel`` as the answer to ``delivery``, then ack
+        ``delivery``: acked only once the answer is on its channel (so a failure leaves it
+        pending, to be computed again), in one round trip where the broker allows."""
+
     async def trim(self, channel: str) -> int:
         """Drop messages every group has acked; never one a group has yet to
         read or ack. Returns how many were dropped."""

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import ClassVar, Self
 
 from broker.errors import TransportClosed, translated
-from broker.transport import Delivery
+from broker.transport import Delivery, Headers
 
 
 SETTLE_S = 2.0  # how long closing waits for the calls in flight to finish
@@ -41,6 +41,19 @@ class BaseTransport(ABC):
         self, channel: str, group: str, consumer: str, max_count: int, timeout_s: float
     ) -> list[Delivery]:
         return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
+
+    async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
+                    headers: Headers = ()) -> None:
+        """Two steps here; a transport whose broker can do both in one round trip overrides it."""
+        await self.publish(channel, payload, key=key, headers=headers)
+        await self.ack(delivery)
+
+    @abstractmethod
+    async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
+                      headers: Headers = ()) -> str: ...
+
+    @abstractmethod
+    async def ack(self, delivery: Delivery) -> None: ...
 
     @abstractmethod
     async def fetch_first(

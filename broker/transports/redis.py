@@ -64,6 +64,14 @@ for _, flat in ipairs(groups) do
 end
 return redis.call('XTRIM', KEYS[1], 'MINID', floor)
 """
+# A reply and the ack of the request it answers, in one round trip; the ack only once the
+# reply is on its stream (an error in XADD stops the script before XACK).
+# KEYS: the reply stream, the request stream; ARGV: the group, the request's id, then field, value, ...
+_REPLY_AND_ACK = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+return id
+"""
 # How often a fetch over channels on several slots of a Redis Cluster looks at them again.
 CROSS_SLOT_POLL_S = 0.05
 # XAUTOCLAIM scans a bounded number of pending entries per call; a sweep stops
@@ -91,14 +99,25 @@ class RedisTransport(BaseTransport):
         self._readers: set[asyncio.Task[Any]] = set()  # tasks inside XREADGROUP now
         self._closing: set[asyncio.Task[Any]] = set()  # of those, the ones closing cancelled
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
+        self._reply_and_ack = self._redis.register_script(_REPLY_AND_ACK)
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
-        fields: dict[bytes, bytes] = {HEADER_PREFIX + name.encode(): bytes(value) for name, value in headers}
-        fields[PAYLOAD_FIELD] = bytes(payload)
         with self._guarded():
-            message_id = await self._redis.xadd(redis_key(channel), fields)  # type: ignore[arg-type]
+            message_id = await self._redis.xadd(redis_key(channel), _fields(payload, headers))  # type: ignore[arg-type]
         return _text(message_id)
+
+    async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
+                    headers: Headers = ()) -> None:
+        reply_key, request_key = redis_key(channel), redis_key(delivery.channel)
+        if self._cluster and key_slot(reply_key.encode()) != key_slot(request_key.encode()):
+            await super().reply(channel, payload, delivery, key=key, headers=headers)  # a script runs on one slot
+            return
+        args: list[bytes | str] = [delivery.group, delivery.message_id]
+        for name, value in _fields(payload, headers).items():
+            args += (name, value)
+        with self._guarded():
+            await self._reply_and_ack(keys=[reply_key, request_key], args=args)
 
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
@@ -324,3 +343,9 @@ def _headers(fields: dict[bytes, bytes]) -> Headers:
 
 def _is_nogroup(exc: ResponseError) -> bool:
     return str(exc).startswith("NOGROUP")
+
+
+def _fields(payload: bytes, headers: Headers) -> dict[bytes, bytes]:
+    fields: dict[bytes, bytes] = {HEADER_PREFIX + name.encode(): bytes(value) for name, value in headers}
+    fields[PAYLOAD_FIELD] = bytes(payload)
+    return fields

@@ -147,6 +147,32 @@ async def test_ack_removes_from_pending(transport: AnyTransport):
     assert await transport.claim_stale("c", "g", "b", 0, 10) == []
 
 
+# On a Redis Cluster the first pair is on two slots, the second on one.
+@pytest.mark.parametrize(("requests", "replies"), [("c", "r"), ("{t}c", "{t}r")])
+async def test_a_reply_is_published_and_its_request_acked(transport: AnyTransport, requests: str, replies: str):
+    if isinstance(transport, KafkaTransport) and "{" in requests:
+        pytest.skip("a Kafka topic's name cannot hold braces (and Kafka has no slots)")
+    await transport.fetch(replies, "gateway", "a", 1, 0)  # its group exists before the reply
+    await transport.publish(requests, b"question")
+    (delivery,) = await transport.fetch(requests, "g", "a", 1, 5)
+    assert await transport.backlog(requests, "g") == (0, 1)
+    await transport.reply(replies, b"answer", delivery, headers=(("x", b"1"),))
+    assert await transport.backlog(requests, "g") == (0, 0)
+    (answer,) = await transport.fetch(replies, "gateway", "a", 1, 5)
+    assert (answer.payload, answer.header("x")) == (b"answer", b"1")
+
+
+async def test_a_reply_redis_refuses_leaves_its_request_pending(redis_url: str):
+    flushdb(redis_url)
+    async with RedisTransport(redis_url) as transport:
+        await transport.publish("c", b"question")
+        (delivery,) = await transport.fetch("c", "g", "a", 1, 0)
+        await transport._redis.set("r", "not a stream")  # XADD onto it fails: WRONGTYPE
+        with pytest.raises(TransportError):
+            await transport.reply("r", b"answer", delivery)
+        assert await transport.backlog("c", "g") == (0, 1), "acked without its reply"
+
+
 async def test_headers_travel_with_the_message(transport: AnyTransport):
     await transport.publish("c", b"body", key="k1", headers=(("content-type", b"application/json"), ("x", b"")))
     (delivery,) = await transport.fetch("c", "g", "a", 1, 0)

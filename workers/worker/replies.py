@@ -39,16 +39,14 @@ class Replier:
         try:
             response = await self._claims.stash_response(response, request)
             try:
-                await self._publish(delivery, request, response)
+                await self._publish(delivery, request, response, ack)
             except MessageTooLarge as exc:
                 # The answer cannot cross the broker whole: its sender is told so, in a reply that can.
                 log.warning("worker.reply_too_large", model=model, request_id=request.id, error=str(exc))
                 await self._publish(delivery, request, Response(
                     id=response.id, model=response.model, model_version=response.model_version,
                     error=ErrorInfo("internal", f"the reply could not be sent: {exc}"),
-                    parameters=response.parameters, final=response.final))
-            if ack:
-                await self._transport.ack(delivery)
+                    parameters=response.parameters, final=response.final), ack)
         except TransportError as exc:
             # Left unacked, so it is claimed and computed again once idle (the broker may be back by then).
             log.warning("worker.reply_failed", model=model, request_id=request.id, message_id=delivery.message_id,
@@ -57,9 +55,15 @@ class Replier:
         if ack:
             await self._release(request)
 
-    async def _publish(self, delivery: Delivery, request: Request, response: Response) -> None:
+    async def _publish(self, delivery: Delivery, request: Request, response: Response, ack: bool) -> None:
+        """The reply, if it has somewhere to go, and with ``ack`` the delivery acked once it is sent."""
         reply = self._format.reply(delivery, request, response)
-        if reply is not None:
+        if reply is None:
+            if ack:
+                await self._transport.ack(delivery)
+        elif ack:
+            await self._transport.reply(reply.channel, reply.payload, delivery, key=reply.key, headers=reply.headers)
+        else:
             await self._transport.publish(reply.channel, reply.payload, key=reply.key, headers=reply.headers)
 
     async def _release(self, request: Request) -> None:
