@@ -1,5 +1,6 @@
 """Reading one channel as one member of a group, acking each message only
-after its handler returns. A handler that raises leaves its message pending.
+after its handler returns (those of one read together). A handler that raises
+leaves its message, and the rest of that read, pending.
 
 In a group shared by several processes (every gateway reads job replies in
 one group), a member that dies leaves what it had taken pending; with
@@ -80,9 +81,16 @@ class ChannelReader:
                 await asyncio.sleep(0.5)
 
     async def _handle_all(self, deliveries: list[Delivery]) -> None:
-        for delivery in deliveries:
-            await self._handle(delivery)
-            await self._transport.ack(delivery)
+        """Each handled in turn; then those handled acked together (one round trip where the
+        transport can), also when a later one's handler raises, which leaves it and the rest pending."""
+        handled: list[Delivery] = []
+        try:
+            for delivery in deliveries:
+                await self._handle(delivery)
+                handled.append(delivery)
+        finally:
+            if handled:
+                await self._transport.ack_all(handled)
 
     async def _recover(self) -> None:
         """Handle what the group holds pending: as its only member, all of it is ours."""

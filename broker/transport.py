@@ -59,6 +59,9 @@ class Transport(Protocol):
     async def ack(self, delivery: Delivery) -> None:
         """Mark ``delivery`` done for its group."""
 
+    async def ack_all(self, deliveries: Sequence[Delivery]) -> None:
+        """``ack`` each of ``deliveries``, in one round trip where the broker allows."""
+
     async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
                     headers: Headers = ()) -> None:
         """Publish ``payload`` onto ``channel`` as the answer to ``delivery``, then ack

@@ -42,6 +42,11 @@ class BaseTransport(ABC):
     ) -> list[Delivery]:
         return await self.fetch_first((channel,), group, consumer, max_count, timeout_s)
 
+    async def ack_all(self, deliveries: Sequence[Delivery]) -> None:
+        """One at a time here; a transport whose broker acks many at once overrides it."""
+        for delivery in deliveries:
+            await self.ack(delivery)
+
     async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
                     headers: Headers = ()) -> None:
         """Two steps here; a transport whose broker can do both in one round trip overrides it."""

@@ -151,6 +151,14 @@ class RedisTransport(BaseTransport):
         with self._guarded():
             await self._redis.xack(redis_key(delivery.channel), delivery.group, delivery.message_id)
 
+    async def ack_all(self, deliveries: Sequence[Delivery]) -> None:
+        by_group: dict[tuple[str, str], list[str]] = {}
+        for delivery in deliveries:
+            by_group.setdefault((delivery.channel, delivery.group), []).append(delivery.message_id)
+        with self._guarded():
+            for (channel, group), ids in by_group.items():  # one XACK each: a stream takes many ids at once
+                await self._redis.xack(redis_key(channel), group, *ids)
+
     async def trim(self, channel: str) -> int:
         with self._guarded():
             return int(await self._trim_acked(keys=[redis_key(channel)]))

@@ -147,6 +147,19 @@ async def test_ack_removes_from_pending(transport: AnyTransport):
     assert await transport.claim_stale("c", "g", "b", 0, 10) == []
 
 
+async def test_ack_all_acks_each_of_a_read_at_once(transport: AnyTransport):
+    for channel in ("c", "d"):
+        await transport.fetch(channel, "g", "a", 1, 0)
+        for n in range(3):
+            await transport.publish(channel, f"{channel}{n}".encode())
+    taken = [*await transport.fetch("c", "g", "a", 3, 5), *await transport.fetch("d", "g", "a", 2, 5)]
+    assert [d.payload for d in taken] == [b"c0", b"c1", b"c2", b"d0", b"d1"]
+    await transport.ack_all([])
+    await transport.ack_all(taken)
+    assert await transport.backlog("c", "g") == (0, 0)
+    assert await transport.backlog("d", "g") == (1, 0)
+
+
 # On a Redis Cluster the first pair is on two slots, the second on one.
 @pytest.mark.parametrize(("requests", "replies"), [("c", "r"), ("{t}c", "{t}r")])
 async def test_a_reply_is_published_and_its_request_acked(transport: AnyTransport, requests: str, replies: str):
