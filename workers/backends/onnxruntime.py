@@ -22,6 +22,12 @@ class OnnxRuntimeBackend:
         self._context = context
         self._session: ort.InferenceSession | None = None
         self._string_inputs: set[str] = set()
+        config = context.config
+        # Worked out once, not per request: what each call asks for and reshapes.
+        self._output_names = [o.name for o in config.outputs] + list(config.state_outputs)
+        self._input_reshapes = {i.name: tuple(i.reshape.shape) for i in config.inputs if i.reshape is not None}
+        self._output_reshapes = {o.name: tuple(o.dims) for o in config.outputs if o.reshape is not None}
+        self._batched = config.max_batch_size > 0
 
     def load(self) -> None:
         options = self._session_options()
@@ -43,8 +49,10 @@ class OnnxRuntimeBackend:
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._session is not None, "infer() before load()"
         feed = {name: self._prepare(name, array) for name, array in inputs.items()}
-        names = [o.name for o in self._context.config.outputs] + list(self._context.config.state_outputs)
+        names = self._output_names
         results = self._session.run(names, feed)
+        if not self._output_reshapes:
+            return dict(zip(names, results))
         return {name: self._reshape_output(name, value) for name, value in zip(names, results)}
 
     def unload(self) -> None:
@@ -66,9 +74,9 @@ class OnnxRuntimeBackend:
         return options
 
     def _prepare(self, name: str, array: np.ndarray) -> np.ndarray:
-        spec = self._context.config.input(name)
-        if spec is not None and spec.reshape is not None:
-            array = array.reshape(self._batch_prefix(array) + tuple(spec.reshape.shape))
+        reshape = self._input_reshapes.get(name)
+        if reshape is not None:
+            array = array.reshape(self._batch_prefix(array) + reshape)
         if name in self._string_inputs:
             try:
                 return np.vectorize(_to_str, otypes=[object])(array) if array.size else array
@@ -78,13 +86,11 @@ class OnnxRuntimeBackend:
         return array
 
     def _reshape_output(self, name: str, value: np.ndarray) -> np.ndarray:
-        spec = self._context.config.output(name)
-        if spec is not None and spec.reshape is not None:
-            value = value.reshape(self._batch_prefix(value) + tuple(spec.dims))
-        return value
+        dims = self._output_reshapes.get(name)
+        return value if dims is None else value.reshape(self._batch_prefix(value) + dims)
 
     def _batch_prefix(self, array: np.ndarray) -> tuple[int, ...]:
-        return (array.shape[0],) if self._context.config.max_batch_size > 0 else ()
+        return (array.shape[0],) if self._batched else ()
 
 
 def _to_str(element: object) -> str:
