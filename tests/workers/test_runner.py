@@ -126,6 +126,25 @@ async def test_batches_reuse_one_buffer_and_outputs_outlive_it(tmp_path: Path):
         np.testing.assert_array_equal(outputs["OUTPUT1"], np.full((1, 16), n, np.float32))
 
 
+async def infer_twelve(tmp_path: Path, backend: object, delay_us: int | None = None) -> None:
+    """Twelve requests, one after the other, to a copy of add_sub served by ``backend``
+    (with ``delay_us`` as its max_queue_delay_microseconds when given)."""
+    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
+    if delay_us is not None:
+        config = tmp_path / "add_sub/config.pbtxt"
+        config.write_text(config.read_text().replace("max_queue_delay_microseconds: 100",
+                                                     f"max_queue_delay_microseconds: {delay_us}"))
+    runner = ModelRunner(ModelRepository(tmp_path).entry("add_sub"), 1,
+                         backend_factory=lambda context: backend)
+    await runner.start()
+    try:
+        for n in range(12):
+            outputs = await runner.infer(request(n))
+            np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 16), 2 * n, np.float32))
+    finally:
+        await runner.aclose()
+
+
 class Where:
     """Records the thread each batch ran on; sleeps ``delay_s`` per batch."""
 
@@ -149,16 +168,8 @@ class Where:
 @pytest.mark.parametrize(("delay_s", "inline_after_warmup"), [(0.0, True), (0.002, False)])
 async def test_cheap_batches_run_on_the_event_loop_and_slow_ones_on_the_instance_thread(
         tmp_path: Path, delay_s: float, inline_after_warmup: bool):
-    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
     where = Where(delay_s)
-    runner = ModelRunner(ModelRepository(tmp_path).entry("add_sub"), 1, backend_factory=lambda context: where)
-    await runner.start()
-    try:
-        for n in range(12):
-            outputs = await runner.infer(request(n))
-            np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 16), 2 * n, np.float32))
-    finally:
-        await runner.aclose()
+    await infer_twelve(tmp_path, where)
     loop_thread = threading.current_thread().name
     assert all(name != loop_thread for name in where.threads[:8]), "a batch ran inline before the warm-up"
     assert all((name == loop_thread) == inline_after_warmup for name in where.threads[9:]), where.threads
@@ -182,21 +193,10 @@ class Tasks(Where):
 
 @pytest.mark.parametrize(("delay_us", "calls_models", "runs_in_caller"),
                          [(0, False, True), (200000, False, False), (0, True, False)])
-async def test_a_cheap_request_that_finds_nothing_waiting_runs_in_its_callers_task(
+async def test_a_cheap_request_runs_in_its_callers_task_when_an_instance_is_idle(
         tmp_path: Path, delay_us: int, calls_models: bool, runs_in_caller: bool):
-    shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "add_sub")
-    config = tmp_path / "add_sub/config.pbtxt"
-    config.write_text(config.read_text().replace("max_queue_delay_microseconds: 100",
-                                                 f"max_queue_delay_microseconds: {delay_us}"))
     backend = Tasks(calls_models)
-    runner = ModelRunner(ModelRepository(tmp_path).entry("add_sub"), 1, backend_factory=lambda context: backend)
-    await runner.start()
-    try:
-        for n in range(12):
-            outputs = await runner.infer(request(n))
-            np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 16), 2 * n, np.float32))
-    finally:
-        await runner.aclose()
+    await infer_twelve(tmp_path, backend, delay_us)
     caller = asyncio.current_task()
     assert all(task is None for task in backend.tasks[:8]), "a batch ran on the event loop before the warm-up"
     assert all((task is caller) == runs_in_caller for task in backend.tasks[9:]), backend.tasks
