@@ -15,6 +15,7 @@ from workers.control.messages import MODES
 from workers.deadletter import DeadLetterSettings
 from workers.rate_limit import MODES as RATE_LIMIT_MODES
 from workers.telemetry.settings import TRACE_EXPORTERS
+from workers.worker.settings import WorkerSettings
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -112,6 +113,16 @@ def platform_options(options: argparse.ArgumentParser) -> None:
                          help="the model predictions come from (default: the repository's only model)")
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
 def _true_or_false(text: str) -> bool:
     if text.lower() not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
@@ -128,6 +139,10 @@ def worker_options() -> argparse.ArgumentParser:
                          help="claim a delivery once it has gone unacked this long")
     options.add_argument("--max-deliveries", type=int, default=5,
                          help="dead-letter a request after this many deliveries")
+    options.add_argument("--prefetch", type=_at_least_one, default=WorkerSettings().prefetch,
+                         help="rounds of a model's instance capacity a worker takes from the broker at once "
+                              "(in flight and waiting here); more hides the broker's latency, fewer leaves "
+                              "more of a queue on the broker for other workers")
     options.add_argument("--retry-failures", action=argparse.BooleanOptionalAction, default=None,
                          help="when a model raises, let any worker retry the request (up to --max-deliveries) "
                               "instead of answering with the error; default: on with a shared broker")

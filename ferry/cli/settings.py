@@ -83,8 +83,8 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
     except ValueError as exc:
         raise SystemExit(f"ferry: {exc}") from None
     settings = WorkerSettings(models=models, recovery=recovery, channel_prefix=args.channel_prefix,
-                              control=control(args), dead_letters=dead_letters(args), rate_limit=args.rate_limit,
-                              rate_limit_resources=resources)
+                              prefetch=args.prefetch, control=control(args), dead_letters=dead_letters(args),
+                              rate_limit=args.rate_limit, rate_limit_resources=resources)
     return replace(settings, worker_id=args.worker_id) if args.worker_id else settings
 
 

@@ -15,6 +15,8 @@ import pytest
 from broker import channels
 from broker.envelope import Request, WireTensor, decode_request, decode_response, encode_request
 from broker.transports.memory import MemoryTransport
+from ferry.cli.main import build_parser
+from ferry.cli.settings import worker_settings
 from gateway.jobs import Job, JobStatus, MemoryJobStore
 from gateway.jobs.replies import JobReplyConsumer
 from tests.models import write_python_model
@@ -75,10 +77,11 @@ def computed(log: Path) -> list[int]:
 
 
 async def started(tmp_path: Path, config: str, recovery: RecoverySettings = RecoverySettings(),
-                  transport: MemoryTransport | None = None, **kwargs: object) -> tuple[MemoryTransport, Worker]:
+                  transport: MemoryTransport | None = None, prefetch: int = WorkerSettings().prefetch,
+                  **kwargs: object) -> tuple[MemoryTransport, Worker]:
     write_python_model(tmp_path / "repo", "rec", RECORDING_MODEL, config)
     transport = transport or MemoryTransport()
-    settings = WorkerSettings(worker_id="w1", poll_timeout_s=0.05, recovery=recovery)
+    settings = WorkerSettings(worker_id="w1", poll_timeout_s=0.05, recovery=recovery, prefetch=prefetch)
     worker = Worker(transport, ModelRepository(tmp_path / "repo"), settings, **kwargs)  # type: ignore[arg-type]
     await worker.start()
     return transport, worker
@@ -186,15 +189,25 @@ async def test_higher_priority_channels_are_drained_first(tmp_path, cleanup):
     assert computed(log) == [*range(20, 26), *range(10, 16)]
 
 
-async def test_a_worker_holds_only_a_few_rounds_of_capacity(tmp_path, cleanup):
+@pytest.mark.parametrize(("flags", "held"), [((), 2), (("--prefetch", "5"), 5)])
+async def test_a_worker_holds_only_a_few_rounds_of_capacity(tmp_path, cleanup, flags: tuple[str, ...], held: int):
     log = tmp_path / "log"
-    transport, worker = await started(tmp_path, recording_config(log, sleep_s=0.2))
+    args = build_parser().parse_args(["worker", "--broker", "redis://127.0.0.1:1/0", "--model-repository",
+                                      str(tmp_path / "repo"), *flags])
+    transport, worker = await started(tmp_path, recording_config(log, sleep_s=0.2),
+                                      prefetch=worker_settings(args).prefetch)
     cleanup += [transport, worker]
     for value in range(10):
         await transport.publish(channels.request_channel("rec"), encode_request(request(value)))
     await asyncio.sleep(0.1)
-    # max_batch_size 1, one instance, prefetch 2: two held, the rest left for other workers.
-    assert await transport.backlog(channels.request_channel("rec"), channels.worker_group("rec")) == (8, 2)
+    # max_batch_size 1, one instance: prefetch rounds held, the rest left for other workers.
+    assert await transport.backlog(channels.request_channel("rec"), channels.worker_group("rec")) == (10 - held, held)
+
+
+def test_prefetch_must_be_at_least_one(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--broker", "memory://", "--model-repository", "repo", "--prefetch", "0"])
+    assert "--prefetch: expected 1 or more, got 0" in capsys.readouterr().err
 
 
 async def test_a_cancelled_job_is_never_computed_and_a_started_one_is_running(tmp_path, cleanup):
