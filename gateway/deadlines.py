@@ -55,7 +55,8 @@ class Deadlines:
     def _sweep(self) -> None:
         self._timer = None
         now = self._clock()
-        for watch in list(self._watched):
+        while self._watched:
+            watch = next(iter(self._watched))  # the oldest: only the overdue ones are looked at
             if watch.due > now:
                 break
             del self._watched[watch]

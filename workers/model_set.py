@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from types import TracebackType
 from dataclasses import dataclass, field
+from types import TracebackType
 
 import structlog
 

@@ -285,9 +285,7 @@ class ModelRunner:
         try:
             return self._compute(backend, (item,), phases)[0]
         finally:
-            self._idle.put_nowait(backend)
-            self._inline.took(phases.elapsed_ns / 1e9, inline=True)
-            self._record((item,), start, phases)
+            self._ran(backend, (item,), start, phases, inline=True)
 
     async def _run_batch(self, batch: Sequence[_Item]) -> Sequence[Tensors | BaseException]:
         backend = await self._idle.get()
@@ -305,9 +303,13 @@ class ModelRunner:
                 # A batch that takes a while (merging and splitting copy whole batches) stays off the event loop.
                 return await loop.run_in_executor(self._executor, self._compute, backend, batch, phases)
         finally:
-            self._idle.put_nowait(backend)
-            self._inline.took(phases.elapsed_ns / 1e9, inline)
-            self._record(batch, start, phases)
+            self._ran(backend, batch, start, phases, inline)
+
+    def _ran(self, backend: Backend, batch: Sequence[_Item], start: int, phases: _Phases, inline: bool) -> None:
+        """A batch is done on ``backend``: the instance is free again, and what it took is learnt and recorded."""
+        self._idle.put_nowait(backend)
+        self._inline.took(phases.elapsed_ns / 1e9, inline)
+        self._record(batch, start, phases)
 
     def _held(self, backend: Backend) -> AbstractAsyncContextManager[None]:
         """The rate limiter's turn for this instance (none to wait for without one)."""
@@ -318,7 +320,8 @@ class ModelRunner:
 
     def _limited(self, backend: Backend) -> bool:
         """Whether the instance waits for the rate limiter's turn."""
-        return self._limiter is not None and bool(self._needs.get(id(backend), ("", Needs()))[1].resources)
+        held = self._needs.get(id(backend))
+        return self._limiter is not None and held is not None and bool(held[1].resources)
 
     def _record(self, batch: Sequence[_Item], start: int, phases: _Phases) -> None:
         rows = sum(item.rows for item in batch)
