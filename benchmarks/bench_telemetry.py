@@ -122,7 +122,7 @@ def micro_costs(rate: float, scratch: Path, calls: int = 20_000) -> dict[str, fl
     async def send(message: object) -> None:
         return None
 
-    counting = HttpCounting(app, HttpBook(), lambda name: True)
+    counting = HttpCounting(app, HttpBook().record)
     scope = {"type": "http", "path": "/v2/models/cnn/infer"}
     stats = StatsBook()
     tracing = Tracing.open(TraceSettings("jsonl", file=scratch / "micro-spans.jsonl", rate=rate), "bench")

@@ -25,6 +25,7 @@ from gateway.compression import compress, decompress, response_encoding
 from gateway.dashboard import Dashboard
 from gateway.errors import ClientDisconnected, FeatureDisabled, InvalidRequest, PayloadTooLarge
 from gateway.infer_door import InferDoor
+from gateway.infer_lane import InferLane, InferRequest
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
@@ -34,7 +35,7 @@ from gateway.logs import PROCESS_LOGS, LogControl
 from gateway.metadata import SERVER_NAME, model_metadata, server_metadata
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
-from gateway.responses import error_response, guarded, json_response
+from gateway.responses import Rendered, error_response, guard, guarded, json_response, rendered_error, rendered_json
 from gateway.settings_routes import SettingsRoutes
 from gateway.shared_memory.binding import bind
 from gateway.shared_memory.regions import SharedMemoryRegions
@@ -43,7 +44,7 @@ from gateway.status import status_for_code
 from gateway.statistics import Statistics
 from gateway.streams import StreamRoutes
 from gateway.tracing import caller_context
-from gateway.v2_codec import Classify, RequestedOutput, parse_infer_request, render_infer_response
+from gateway.v2_codec import Classify, RequestedOutput, parse_infer_request, render_infer_parts
 from workers.decimal_text import ascii_int
 from workers.telemetry.tracing.control import TraceControl
 
@@ -114,6 +115,8 @@ def create_app(service: InferenceService, settings: HttpSettings = HttpSettings(
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_allowed)
+    # The same handler, for the HTTP server to answer infer requests with past ASGI (gateway.infer_lane).
+    app.state.infer_lane = InferLane(api.answer_infer, metrics.record if metrics else None)
     return app
 
 
@@ -156,7 +159,10 @@ class _Api:
         return await self._guard(self._model_ready, request)
 
     async def infer(self, request: Request) -> Response:
-        return await self._guard(self._infer, request)
+        return (await self.answer_infer(request)).response()
+
+    async def answer_infer(self, request: InferRequest) -> Rendered:
+        return await guard(self._infer(request), request.scope["path"], "http.unhandled", rendered_error)
 
     async def stats(self, request: Request) -> Response:
         return await self._guard(self._stats, request)
@@ -180,7 +186,7 @@ class _Api:
     async def _guard(self, handler: Callable[[Request], Any], request: Request) -> Response:
         return await guarded(handler(request), request.scope["path"], "http.unhandled")
 
-    def _target(self, request: Request | WebSocket) -> tuple[str, str]:
+    def _target(self, request: InferRequest | Request | WebSocket) -> tuple[str, str]:
         return checked_target(request.path_params["model"], request.path_params.get("version", ""))
 
     async def _model(self, request: Request) -> Response:
@@ -207,7 +213,7 @@ class _Api:
         name, version = self._target(request) if "model" in request.path_params else ("", "")
         return json_response(await self._statistics.model_stats(name, version))
 
-    async def _infer(self, request: Request) -> Response:
+    async def _infer(self, request: InferRequest) -> Rendered:
         name, version = self._target(request)
         self._catalog.version(name, version)  # an unknown model is refused before its body is read
         body = await self.read_body(request)
@@ -216,7 +222,7 @@ class _Api:
         trace = caller_context(request.headers)
         if self._jobs is not None and prefers_async(request.headers.getlist("prefer")):
             job = await self._jobs.submit(name, version, bound.for_job(), trace)
-            return json_response({"job_id": job.id, "status": job.status.value}, 202, headers={
+            return rendered_json({"job_id": job.id, "status": job.status.value}, 202, headers={
                 "Location": f"/v2/jobs/{job.id}", "Preference-Applied": RESPOND_ASYNC,
             })
         response = await self._service.infer(name, version, bound.parsed, trace)
@@ -236,13 +242,13 @@ class _Api:
             reply = replace(decode_response(job.result), id=job.rendering.request_id)
             return _render_reply(reply, job.rendering.outputs, job.rendering.binary_default,
                                  request.headers.get("accept-encoding"),
-                                 self._classifiers.for_request(job.model, job.rendering.outputs))
+                                 self._classifiers.for_request(job.model, job.rendering.outputs)).response()
         if job.status == JobStatus.FAILED:
             error = decode_response(job.result).error
             return json_response({**_job_status(job), "error": error.message if error else "failed"})
         return json_response(_job_status(job))
 
-    async def read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: InferRequest) -> bytes:
         limit = self._settings.max_body_bytes
         declared = request.headers.get("content-length")
         size = ascii_int(declared or "")
@@ -265,21 +271,21 @@ class _Api:
 
 
 def _render_reply(reply: Reply, outputs: tuple[RequestedOutput, ...], binary_default: bool,
-                  accept_encoding: str | None, classify: Classify | None) -> Response:
+                  accept_encoding: str | None, classify: Classify | None) -> Rendered:
     """The infer response body, compressed as ``Accept-Encoding`` asks (the JSON header's
     length is the uncompressed one, as in Triton: the client inflates first)."""
     if reply.error is not None:
-        return error_response(reply.error.message, status_for_code(reply.error.code))
-    payload, header_length = render_infer_response(reply, outputs, binary_default, classify)
+        return rendered_error(reply.error.message, status_for_code(reply.error.code))
+    header, blobs = render_infer_parts(reply, outputs, binary_default, classify)
     headers: dict[str, str] = {}
-    if header_length is not None:
-        headers["Inference-Header-Content-Length"] = str(header_length)
+    if blobs:
+        headers["Inference-Header-Content-Length"] = str(len(header))
+    media_type = "application/octet-stream" if blobs else "application/json"
     encoding = response_encoding(accept_encoding)
-    if encoding is not None:
-        payload = compress(payload, encoding)
-        headers["Content-Encoding"] = encoding
-    media_type = "application/json" if header_length is None else "application/octet-stream"
-    return Response(payload, media_type=media_type, headers=headers or None)
+    if encoding is None:
+        return Rendered(header, 200, media_type, headers or None, blobs)
+    headers["Content-Encoding"] = encoding
+    return Rendered(compress(b"".join((header, *blobs)), encoding), 200, media_type, headers)
 
 
 def _job_status(job: Job) -> dict[str, str]:
@@ -288,7 +294,7 @@ def _job_status(job: Job) -> dict[str, str]:
             "status": job.status.value, "created": created.replace("+00:00", "Z")}
 
 
-def _header_length(request: Request) -> int | None:
+def _header_length(request: InferRequest | Request) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None

@@ -20,6 +20,8 @@ uvicorn's httptools protocol:
 An idle keep-alive connection is closed by uvicorn's own keep-alive timeout.
 
 Each request's response goes out in one write where it can (``gateway.held_head``).
+An infer request to an app that carries a lane is answered on it, past ASGI
+(``gateway.infer_lane``).
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ import structlog
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from gateway.held_head import HeldHead
+from gateway.infer_lane import InferLane, lane_of
 from gateway.v2_codec import render_error
 
 log = structlog.get_logger("ferry.gateway.http")
@@ -62,7 +66,8 @@ def serve(app: ASGIApp, host: str, port: int, limits: ConnectionLimits, reuse_po
     config = uvicorn.Config(
         app, host=host, port=port, loop="uvloop", lifespan="on", access_log=False, log_level="warning",
         # uvicorn calls it with its own arguments, as it would the class.
-        http=functools.partial(GuardedHttpTools, limits=limits, refusals=Refusals()),  # type: ignore[arg-type]
+        http=functools.partial(GuardedHttpTools, limits=limits, refusals=Refusals(),  # type: ignore[arg-type]
+                               lane=lane_of(app)),
         log_config=None,  # its records reach the root handler configure_logging set: JSON like ours
     )
     sockets = None
@@ -122,10 +127,12 @@ class Refusals:
 
 
 class GuardedHttpTools(HttpToolsProtocol):
-    def __init__(self, *args: Any, limits: ConnectionLimits, refusals: Refusals, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: ConnectionLimits, refusals: Refusals, lane: InferLane | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
         self._refusals = refusals
+        self._lane = lane
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._request_begun = False
@@ -161,11 +168,21 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._request_begun = False
-        previous = self.cycle
         super().on_headers_complete()
-        if self.cycle is not previous:  # a request's cycle (an upgrade has none): one write per response
-            self.cycle.transport = HeldHead(self.transport, self.loop)  # type: ignore[assignment]
         self._arm_body_timer()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """Start a request's cycle (at once, or after those pipelined before it): on the lane
+        if it takes it, else through ASGI with one write per response."""
+        params = self._lane.accepts(cycle.scope) if self._lane is not None and app is self.app else None
+        if params is None:
+            cycle.transport = HeldHead(self.transport, self.loop)  # type: ignore[assignment]
+            super()._start_asgi_task(cycle, app)
+            return
+        assert self._lane is not None
+        task = self.loop.create_task(self._lane.serve(cycle, params))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)

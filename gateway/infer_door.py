@@ -19,17 +19,25 @@ Handler = Callable[[Request], Awaitable[Response]]
 _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 
 
+def match_infer(path: str) -> dict[str, str] | None:
+    """The path parameters of an infer route's path, else None."""
+    match = _INFER.fullmatch(path)
+    if match is None:
+        return None
+    model, version = match.groups()
+    return {"model": model} if version is None else {"model": model, "version": version}
+
+
 class InferDoor:
     def __init__(self, app: ASGIApp, infer: Handler) -> None:
         self._app = app
         self._infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if match is None:  # under a root path too: the app's router strips it
+        params = match_infer(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if params is None:  # under a root path too: the app's router strips it
             await self._app(scope, receive, send)
             return
-        model, version = match.groups()
-        scope["path_params"] = {"model": model} if version is None else {"model": model, "version": version}
+        scope["path_params"] = params
         response = await self._infer(Request(scope, receive))
         await response(scope, receive, send)

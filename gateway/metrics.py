@@ -5,7 +5,8 @@ this process owns.
 
 ``HttpCounting`` is ASGI middleware: it counts each inference request (infer,
 infer_stream, generate, generate_stream) by model and status code, and times
-it until the app has sent its last byte. A model name the catalog does not
+it until the app has sent its last byte (``gateway.infer_lane`` counts the infer
+requests it answers the same way). A model name the catalog does not
 know is counted as ``_unknown``, so clients cannot mint label values.
 """
 
@@ -54,12 +55,13 @@ class HttpBook:
         histogram.observe(seconds)
 
 
+Record = Callable[[str, int, float], None]  # model, status code, seconds
+
+
 class HttpCounting:
-    def __init__(self, app: ASGIApp, book: HttpBook, known: Callable[[str], bool],
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, app: ASGIApp, record: Record, clock: Callable[[], float] = time.perf_counter) -> None:
         self._app = app
-        self._book = book
-        self._known = known
+        self._record = record
         self._clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -67,7 +69,6 @@ class HttpCounting:
         if match is None:
             await self._app(scope, receive, send)
             return
-        model = match.group(1) if self._known(match.group(1)) else UNKNOWN_MODEL
         started, status = self._clock(), 500  # an app that raises before answering is a 500
 
         async def sending(message: Message) -> None:
@@ -79,7 +80,7 @@ class HttpCounting:
         try:
             await self._app(scope, receive, sending)
         finally:
-            self._book.record(model, status, self._clock() - started)
+            self._record(match.group(1), status, self._clock() - started)
 
 
 class HttpCollector(Collector):
@@ -131,7 +132,11 @@ class GatewayMetrics:
         return [metrics_route(self.registry)]
 
     def middleware(self) -> list[Middleware]:
-        return [Middleware(HttpCounting, book=self.http, known=self._known)]
+        return [Middleware(HttpCounting, record=self.record)]
+
+    def record(self, model: str, code: int, seconds: float) -> None:
+        """One inference request answered; a model the catalog does not know counts as ``_unknown``."""
+        self.http.record(model if self._known(model) else UNKNOWN_MODEL, code, seconds)
 
     async def start(self) -> None:
         await self.backlog.start()

@@ -1,11 +1,16 @@
 """JSON and error responses as the V2 protocol renders them, and the guard every HTTP route runs in:
 ferry's errors become their status (``gateway.status``); anything else is a
-bug, logged with its traceback, and a 500."""
+bug, logged with its traceback, and a 500.
+
+``Rendered`` is a whole response as bytes, for the infer route: Starlette's
+``Response`` when it goes out through ASGI, written as it is on the infer lane
+(``gateway.infer_lane``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -16,6 +21,8 @@ from gateway.v2_codec import render_error
 
 log = structlog.get_logger("ferry.gateway.http")
 
+T = TypeVar("T")
+
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
@@ -25,14 +32,41 @@ def error_response(message: str, status: int, headers: dict[str, str] | None = N
     return Response(render_error(message), status_code=status, media_type="application/json", headers=headers)
 
 
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    body: bytes
+    status: int = 200
+    media_type: str = "application/json"
+    headers: dict[str, str] | None = None
+    tail: tuple[bytes | memoryview, ...] = ()  # what follows ``body`` (binary tensors), not copied behind it
+
+    def response(self) -> Response:
+        content = b"".join((self.body, *self.tail)) if self.tail else self.body
+        return Response(content, status_code=self.status, media_type=self.media_type, headers=self.headers)
+
+
+def rendered_json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Rendered:
+    return Rendered(orjson.dumps(body), status, headers=headers)
+
+
+def rendered_error(message: str, status: int, headers: dict[str, str] | None = None) -> Rendered:
+    return Rendered(render_error(message), status, headers=headers)
+
+
 async def guarded(answer: Awaitable[Response], path: str, unhandled_event: str) -> Response:
     """``answer``, or the response its error calls for."""
+    return await guard(answer, path, unhandled_event, error_response)
+
+
+async def guard(answer: Awaitable[T], path: str, unhandled_event: str,
+                failed: Callable[[str, int, dict[str, str] | None], T]) -> T:
+    """``answer``, or ``failed(message, status, headers)`` for its error."""
     try:
         return await answer
     except ANSWERED as exc:
         if isinstance(exc, BROKER_DOWN):
             log.warning("http.broker_unavailable", path=path, error=str(exc))
-        return error_response(str(exc), status_for(exc), error_headers(exc))
+        return failed(str(exc), status_for(exc), error_headers(exc))
     except Exception as exc:
         log.exception(unhandled_event, path=path)
-        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+        return failed(f"internal error: {type(exc).__name__}: {exc}", 500, None)

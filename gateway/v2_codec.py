@@ -79,7 +79,17 @@ def parse_infer_header(header: dict[str, Any], blob: memoryview, limits: Limits 
 
 def render_infer_response(response: Response, requested: tuple[RequestedOutput, ...],
                           binary_default: bool, classify: Classify | None = None) -> tuple[bytes, int | None]:
-    """``classify(tensor, k)`` turns an output asked for with ``classification: K`` into its top K."""
+    """The body, and the length of its JSON header when binary outputs follow it (else None).
+    ``classify(tensor, k)`` turns an output asked for with ``classification: K`` into its top K."""
+    header, blobs = render_infer_parts(response, requested, binary_default, classify)
+    if not blobs:
+        return header, None
+    return b"".join((header, *blobs)), len(header)
+
+
+def render_infer_parts(response: Response, requested: tuple[RequestedOutput, ...], binary_default: bool,
+                       classify: Classify | None = None) -> tuple[bytes, tuple[bytes | memoryview, ...]]:
+    """The body's JSON header, and the binary outputs that follow it (not joined)."""
     entries: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
     for tensor, wanted in selected_outputs(response.outputs, requested, binary_default):
@@ -96,10 +106,7 @@ def render_infer_response(response: Response, requested: tuple[RequestedOutput, 
         else:
             entry["data"] = _json_data(tensor)
         entries.append(entry)
-    header = _response_header(response, entries)
-    if not blobs:
-        return header, None
-    return b"".join((header, *blobs)), len(header)
+    return _response_header(response, entries), tuple(blobs)
 
 
 def render_error(message: str) -> bytes:

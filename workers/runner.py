@@ -80,7 +80,9 @@ class ModelRunner:
         self._limiter = limiter
         self._needs: dict[int, tuple[str, Needs]] = {}  # by id() of the backend: its instance and what it needs
         self.version = version
+        self._version_text = str(version)
         self.config = entry.config
+        self._output_names = frozenset(output.name for output in entry.config.outputs)  # what each batch must make
         self._factory = backend_factory
         self._clocks = clocks
         self._backends: list[Backend] = []
@@ -174,8 +176,8 @@ class ModelRunner:
 
     def _response(self, request: Request, outputs: Tensors, parameters: dict[str, ParamValue] | None = None,
                   final: bool = True) -> Response:
-        return Response(id=request.id, model=self.entry.name, model_version=str(self.version),
-                        outputs=tuple(_wire(name, array) for name, array in outputs.items()),
+        return Response(id=request.id, model=self.entry.name, model_version=self._version_text,
+                        outputs=tuple([_wire(name, array) for name, array in outputs.items()]),
                         parameters=parameters or {}, final=final)
 
     async def infer(self, request: Request, timeline: Timeline | None = None) -> Tensors:
@@ -325,7 +327,7 @@ class ModelRunner:
 
     def _record(self, batch: Sequence[_Item], start: int, phases: _Phases) -> None:
         rows = sum(item.rows for item in batch)
-        record = BatchRecord(self.entry.name, str(self.version), next(self._batch_ids), rows, len(batch),
+        record = BatchRecord(self.entry.name, self._version_text, next(self._batch_ids), rows, len(batch),
                              start, self._clocks.wall_ns(), phases.input_ns, phases.infer_ns, phases.output_ns)
         for item in batch:
             if item.timeline is not None:
@@ -342,9 +344,9 @@ class ModelRunner:
             ran_at = time.perf_counter_ns()
             # The buffers are the next batch's on this instance as soon as it is idle again.
             outputs = buffers.detach(raw)
-            missing = [o.name for o in self.config.outputs if o.name not in outputs]
-            if missing:
-                raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing[0]}'")
+            if not outputs.keys() >= self._output_names:
+                missing = next(o.name for o in self.config.outputs if o.name not in outputs)
+                raise ExecutionError(f"model '{self.entry.name}' produced no output '{missing}'")
             results: list[Tensors] = (
                 [outputs] if self.config.max_batch_size <= 0 else list(split(outputs, [item.rows for item in items])))
             phases.input_ns, phases.infer_ns = merged_at - began, ran_at - merged_at

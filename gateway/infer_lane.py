@@ -1,0 +1,189 @@
+"""The infer lane: ``POST /v2/models/{model}[/versions/{version}]/infer`` answered by the
+HTTP protocol itself, past ASGI.
+
+Through ASGI an infer request crosses uvicorn's app wrappers, Starlette and its
+middleware, is read as ``http.request`` messages into a ``Request``, and answered
+as a ``Response`` sent as two messages, each checked and passed down the same
+wrappers: a third of what the floor app (``benchmarks/floor_app.py``) spends per
+request. On the lane the protocol (``gateway.http_server``) hands the request's
+uvicorn cycle to the app's infer handler, which reads the body from the cycle and
+returns its whole answer (``Rendered``); the lane writes it in one system call
+and ends the cycle as uvicorn's own ``send`` would, so keep-alive, pipelining,
+flow control, ``Expect: 100-continue`` and the body timeout work as before. The
+request is counted in ``/metrics`` as ``gateway.metrics.HttpCounting`` counts it.
+
+Only the main app's infer route takes the lane, and only where the app would route
+it there (no root path, not on a platform contract's port); every other request,
+and every request of an app that carries no lane, goes through ASGI as before.
+The same handler answers the infer route through ASGI (``gateway.app``), so both
+ways give the same answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from time import perf_counter
+from typing import Any, Protocol
+
+import structlog
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Scope
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+from gateway.infer_door import match_infer
+from gateway.platforms.ports import PortDispatch
+from gateway.responses import Rendered
+
+log = structlog.get_logger("ferry.gateway.http")
+
+_JOINED = 16 * 1024  # a body up to this size is copied behind its head, one buffer being cheaper to send
+
+
+class InferRequest(Protocol):
+    """What the infer handler reads of a request; Starlette's ``Request`` is one too."""
+
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def path_params(self) -> dict[str, Any]: ...
+
+    @property
+    def headers(self) -> Headers: ...
+
+    def stream(self) -> AsyncIterator[bytes]: ...
+
+
+Handler = Callable[[InferRequest], Awaitable[Rendered]]
+Record = Callable[[str, int, float], None]  # model, status, seconds
+
+
+class LaneRequest:
+    """A request on the lane: its scope, and its body read from its uvicorn cycle."""
+
+    __slots__ = ("_cycle", "path_params", "_headers")
+
+    def __init__(self, cycle: RequestResponseCycle, path_params: dict[str, Any]) -> None:
+        self._cycle = cycle
+        self.path_params = path_params
+        self._headers: Headers | None = None
+
+    @property
+    def scope(self) -> Scope:
+        return self._cycle.scope  # type: ignore[return-value]
+
+    @property
+    def headers(self) -> Headers:
+        if self._headers is None:
+            self._headers = Headers(scope=self.scope)
+        return self._headers
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive; ``ClientDisconnect`` if the client goes first.
+
+        As uvicorn's ``receive`` reads them, except that each chunk is the buffer uvicorn
+        collected it in (handed over, a new one taking its place), not a copy of it."""
+        cycle = self._cycle
+        while True:
+            if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
+                cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                cycle.waiting_for_100_continue = False
+            if not cycle.disconnected and not cycle.response_complete:
+                cycle.flow.resume_reading()
+                await cycle.message_event.wait()
+                cycle.message_event.clear()
+            if cycle.disconnected or cycle.response_complete:
+                raise ClientDisconnect()
+            chunk, cycle.body = cycle.body, bytearray()
+            if chunk:
+                yield chunk  # type: ignore[misc]  # a bytearray: bytes-like for all that reads it
+            if not cycle.more_body:
+                return
+
+
+class InferLane:
+    def __init__(self, infer: Handler, record: Record | None = None, ports_off: Collection[int] = ()) -> None:
+        self._infer = infer
+        self._record = record
+        self._ports_off = frozenset(ports_off)
+
+    def skipping(self, ports: Collection[int]) -> InferLane:
+        """This lane, leaving requests to ``ports`` to ASGI."""
+        return InferLane(self._infer, self._record, self._ports_off | frozenset(ports))
+
+    def accepts(self, scope: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The path parameters of an infer request the lane answers, else None."""
+        if scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        server = scope.get("server")
+        if server is not None and server[1] in self._ports_off:
+            return None
+        return match_infer(scope["path"])
+
+    async def serve(self, cycle: RequestResponseCycle, path_params: dict[str, Any]) -> None:
+        started, status = perf_counter(), 500  # a handler that raises before answering is a 500
+        try:
+            rendered = await self._infer(LaneRequest(cycle, path_params))
+            status = rendered.status
+            await answer(cycle, rendered)
+        except Exception:
+            log.exception("http.lane_failed", path=cycle.scope["path"])
+            if not cycle.response_started and not cycle.disconnected:
+                await answer(cycle, Rendered(b"Internal Server Error", 500, "text/plain; charset=utf-8"))
+            else:
+                cycle.transport.close()
+        finally:
+            cycle.on_response = _nothing  # as uvicorn's run_asgi leaves a finished cycle
+            if self._record is not None:
+                self._record(path_params["model"], status, perf_counter() - started)
+
+
+async def answer(cycle: RequestResponseCycle, rendered: Rendered) -> None:
+    """Write ``rendered`` as the cycle's whole response, and end the cycle."""
+    if cycle.flow.write_paused and not cycle.disconnected:
+        await cycle.flow.drain()
+    if cycle.disconnected:
+        return
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    head: list[bytes | memoryview] = [STATUS_LINE[rendered.status]]
+    for name, value in cycle.default_headers:
+        head += (name, b": ", value, b"\r\n")
+    body, tail = rendered.body, rendered.tail
+    size = len(body) + sum(len(part) for part in tail) if tail else len(body)
+    head.append(b"content-type: %s\r\ncontent-length: %d\r\n" % (rendered.media_type.encode(), size))
+    if rendered.headers:
+        for key, text in rendered.headers.items():
+            if "\r" in text or "\n" in text:
+                raise ValueError(f"response header {key!r}: a line break in its value")
+            head += (key.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n")
+    if not cycle.keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    if size <= _JOINED:
+        head.append(body)
+        head += tail
+        cycle.transport.write(b"".join(head))
+    else:  # one vectored send, the body and its tensors not copied
+        cycle.transport.writelines((b"".join(head), body, *tail))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()
+
+
+def lane_of(app: ASGIApp) -> InferLane | None:
+    """The lane of an app ``gateway.app.create_app`` made; behind a ``PortDispatch``, its main app's,
+    off the platform contracts' ports."""
+    if isinstance(app, PortDispatch):
+        lane = lane_of(app.main)
+        return lane.skipping(app.ports) if lane is not None else None
+    state = getattr(app, "state", None)
+    lane = getattr(state, "infer_lane", None) if state is not None else None
+    return lane if isinstance(lane, InferLane) else None
+
+
+def _nothing() -> None:
+    pass
