@@ -41,7 +41,7 @@ from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from gateway.held_head import HeldHead
-from gateway.infer_lane import InferLane, lane_of
+from gateway.infer_lane import InferLane, LaneBody, lane_of
 from gateway.v2_codec import render_error
 
 log = structlog.get_logger("ferry.gateway.http")
@@ -133,6 +133,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._limits = limits
         self._refusals = refusals
         self._lane = lane
+        self._lane_body: LaneBody | None = None  # the body of the request last started on the lane
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._request_begun = False
@@ -180,12 +181,17 @@ class GuardedHttpTools(HttpToolsProtocol):
             super()._start_asgi_task(cycle, app)
             return
         assert self._lane is not None
-        task = self.loop.create_task(self._lane.serve(cycle, params))
+        self._lane_body = body = LaneBody(cycle)
+        task = self.loop.create_task(self._lane.serve(body, params))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
     def on_body(self, body: bytes) -> None:
-        super().on_body(body)
+        lane_body = self._lane_body
+        if lane_body is not None and lane_body.cycle is self.cycle:
+            lane_body.add(body, self.flow)
+        else:
+            super().on_body(body)
         self._arm_body_timer()
 
     def on_message_complete(self) -> None:

@@ -203,7 +203,7 @@ async def test_an_app_without_a_lane_answers_through_asgi(handler: Handler) -> N
     assert orjson.loads(body)["lane"] is False
 
 
-@pytest.mark.parametrize("size", [2_000, 3 * 224 * 224 * 2])  # under and over what is joined into one buffer
+@pytest.mark.parametrize("size", [2_000, 3 * 224 * 224 * 2, 3_000_000])  # joined, or sent as parts
 async def test_a_body_in_many_chunks_arrives_whole_and_parts_go_out_in_order(handler: Handler, size: int) -> None:
     payload = bytes(range(256)) * (size // 256) + b"!" * (size % 256)
     async with serving(app_with_lane(handler)) as port:
