@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -239,7 +239,7 @@ class _Api:
         if request.method == "DELETE":
             return json_response(_job_status(job))
         if job.status == JobStatus.SUCCEEDED:
-            reply = replace(decode_response(job.result), id=job.rendering.request_id)
+            reply = decode_response(job.result).with_id(job.rendering.request_id)
             return _render_reply(reply, job.rendering.outputs, job.rendering.binary_default,
                                  request.headers.get("accept-encoding"),
                                  self._classifiers.for_request(job.model, job.rendering.outputs)).response()

@@ -21,7 +21,7 @@ ways give the same answers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from time import perf_counter
 from typing import Any, Protocol
 
@@ -41,6 +41,34 @@ log = structlog.get_logger("ferry.gateway.http")
 _JOINED = 16 * 1024  # a body up to this size is copied behind its head, one buffer being cheaper to send
 
 
+class LaneHeaders(Mapping[str, str]):
+    """A lane request's headers, looked up by name in any case: the first of each name, as
+    Starlette's ``Headers`` gives it, from a dict built once (``Headers`` scans its list on
+    every lookup)."""
+
+    __slots__ = ("_raw", "_first")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:  # names in lower case, as uvicorn gives them
+        self._raw = raw
+        self._first = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw)}
+
+    def __getitem__(self, key: str) -> str:
+        return self._first[key.lower()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._first
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def getlist(self, key: str) -> list[str]:
+        name = key.lower().encode("latin-1")
+        return [value.decode("latin-1") for each, value in self._raw if each == name]
+
+
 class InferRequest(Protocol):
     """What the infer handler reads of a request; Starlette's ``Request`` is one too."""
 
@@ -51,7 +79,7 @@ class InferRequest(Protocol):
     def path_params(self) -> dict[str, Any]: ...
 
     @property
-    def headers(self) -> Headers: ...
+    def headers(self) -> Headers | LaneHeaders: ...
 
     def stream(self) -> AsyncIterator[bytes]: ...
 
@@ -106,16 +134,16 @@ class LaneRequest:
         self._cycle = body.cycle
         self._body = body
         self.path_params = path_params
-        self._headers: Headers | None = None
+        self._headers: LaneHeaders | None = None
 
     @property
     def scope(self) -> Scope:
         return self._cycle.scope  # type: ignore[return-value]
 
     @property
-    def headers(self) -> Headers:
+    def headers(self) -> LaneHeaders:
         if self._headers is None:
-            self._headers = Headers(scope=self.scope)
+            self._headers = LaneHeaders(self._cycle.scope["headers"])  # type: ignore[arg-type]
         return self._headers
 
     async def stream(self) -> AsyncIterator[bytes]:

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from structlog.contextvars import bind_contextvars, reset_contextvars
@@ -111,7 +111,7 @@ class InferenceService:
             with self.tracer.span(model, request_id, trace) as span:
                 response = await self._infer(model, version, parsed, span.trace, request_id)
                 span.answered(response)
-                return replace(response, id=parsed.id)
+                return response.with_id(parsed.id)
         finally:
             reset_contextvars(**tokens)
 
@@ -174,7 +174,7 @@ class InferenceService:
                     first = response
                     answered(response)
                     span.answered(response)
-                yield replace(response, id=client_id)
+                yield response.with_id(client_id)
                 if response.final:
                     return
         except Exception as exc:

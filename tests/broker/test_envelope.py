@@ -1,3 +1,4 @@
+import dataclasses
 import random
 
 import msgpack
@@ -115,3 +116,13 @@ def test_a_timeout_past_the_limit_is_refused():
     body["timeout_us"] = Limits().max_timeout_us + 1
     with pytest.raises(EnvelopeError, match="timeout_us"):
         decode_request(_raw(body))
+
+
+def test_with_id_changes_the_id_and_keeps_every_other_field() -> None:
+    original = Response(id="r1", model="m", model_version="3", outputs=(WireTensor("Y", "INT8", (1,), b"\x01"),),
+                        error=ErrorInfo("internal", "x"), parameters={"k": 1}, final=False)
+    renamed = original.with_id("client-7")
+    assert renamed.id == "client-7"
+    for each in dataclasses.fields(Response):  # a field added later and left out of with_id fails here
+        if each.name != "id":
+            assert getattr(renamed, each.name) == getattr(original, each.name), each.name

@@ -14,12 +14,13 @@ import orjson
 import pytest
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.http_server import ConnectionLimits, GuardedHttpTools, Refusals
-from gateway.infer_lane import InferLane, InferRequest, LaneRequest, lane_of
+from gateway.infer_lane import InferLane, InferRequest, LaneHeaders, LaneRequest, lane_of
 from gateway.platforms.ports import PortDispatch
 from gateway.responses import Rendered
 
@@ -218,3 +219,14 @@ async def test_a_body_in_many_chunks_arrives_whole_and_parts_go_out_in_order(han
     assert status == 200
     assert headers["content-type"] == "application/octet-stream"
     assert body == b'{"echo":true}' + payload
+
+
+def test_lane_headers_read_as_starlettes_do() -> None:
+    raw = [(b"prefer", b"respond-async"), (b"x-test", b"first"), (b"prefer", b"wait=5"), (b"x-test", b"second")]
+    lane, starlette = LaneHeaders(raw), Headers(raw=raw)
+    for name in ("prefer", "X-Test", "x-test", "absent"):
+        assert lane.get(name) == starlette.get(name)
+        assert (name in lane) == (name in starlette)
+        assert lane.getlist(name) == starlette.getlist(name)
+    assert lane["PREFER"] == "respond-async"
+    assert sorted(lane) == ["prefer", "x-test"] and len(lane) == 2

@@ -6,7 +6,6 @@ request's own id, its outputs byte for byte those the model gave."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -39,12 +38,12 @@ class AnswerCache:
                 log.warning("cache.unreadable_entry", model=request.model, error=str(exc))
             else:
                 timeline.cache, timeline.cache_ns = CACHE_HIT, self._clock() - started
-                return dataclasses.replace(kept, id=request.id)
+                return kept.with_id(request.id)
         looked = self._clock() - started
         response = await runner.respond(request, timeline)
         if response.error is None:
             started = self._clock()
-            await self.store.put(key, encode_response(dataclasses.replace(response, id=KEPT_ID)))
+            await self.store.put(key, encode_response(response.with_id(KEPT_ID)))
             looked += self._clock() - started
         timeline.cache, timeline.cache_ns = CACHE_MISS, looked
         return response

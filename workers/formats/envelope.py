@@ -86,7 +86,7 @@ class EnvelopeFormat:
             if target is None:
                 return None
             request_id, reply_to = target
-            response = replace(response, id=request_id)
+            response = response.with_id(request_id)
         else:
             reply_to = request.reply_to
         return Outgoing(reply_to, encode_response(response), response.id, reply_headers(response, MSGPACK))

@@ -79,7 +79,7 @@ class V2MessageFormat(EnvelopeFormat):
         if not reply_to:
             return None
         if request is None:
-            response = replace(response, id=_text(delivery, "request-id") or _text(delivery, KAFKA_KEY))
+            response = response.with_id(_text(delivery, "request-id") or _text(delivery, KAFKA_KEY))
         headers = reply_headers(response, JSON)
         if response.error is not None:
             return Outgoing(reply_to, render_error(response.error.message), response.id or None, headers)
