@@ -188,11 +188,11 @@ class InferLane:
 
     async def serve(self, body: LaneBody, path_params: dict[str, Any]) -> None:
         cycle = body.cycle
-        started, status = perf_counter(), 500  # a handler that raises before answering is a 500
+        started, status = perf_counter(), 500  # what fails before its answer is written is a 500
         try:
             rendered = await self._infer(LaneRequest(body, path_params))
-            status = rendered.status
             await answer(cycle, rendered)
+            status = rendered.status
         except Exception:
             log.exception("http.lane_failed", path=cycle.scope["path"])
             if not cycle.response_started and not cycle.disconnected:
@@ -211,8 +211,6 @@ async def answer(cycle: RequestResponseCycle, rendered: Rendered) -> None:
         await cycle.flow.drain()
     if cycle.disconnected:
         return
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
     head: list[bytes | memoryview] = [STATUS_LINE[rendered.status]]
     for name, value in cycle.default_headers:
         head += (name, b": ", value, b"\r\n")
@@ -227,6 +225,8 @@ async def answer(cycle: RequestResponseCycle, rendered: Rendered) -> None:
     if not cycle.keep_alive:
         head.append(b"connection: close\r\n")
     head.append(b"\r\n")
+    cycle.response_started = True  # (not before: a head that fails to build leaves the 500 to send)
+    cycle.waiting_for_100_continue = False
     if size <= _JOINED:
         head.append(body)
         head += tail

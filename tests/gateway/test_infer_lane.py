@@ -230,3 +230,19 @@ def test_lane_headers_read_as_starlettes_do() -> None:
         assert lane.getlist(name) == starlette.getlist(name)
     assert lane["PREFER"] == "respond-async"
     assert sorted(lane) == ["prefer", "x-test"] and len(lane) == 2
+
+
+async def test_a_header_value_with_a_line_break_is_never_written_and_a_500_goes_instead(handler: Handler) -> None:
+    async def splitting(request: InferRequest) -> Rendered:
+        return Rendered(b"{}", headers={"X-Evil": "a\r\nset-cookie: x=1"})
+
+    app = app_with_lane(handler)
+    app.state.infer_lane = InferLane(splitting, handler.record)
+    async with serving(app) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/v2/models/m/infer"))
+        status, headers, body = await read_response(reader)
+        writer.close()
+    assert (status, body) == (500, b"Internal Server Error")
+    assert "set-cookie" not in headers
+    assert handler.recorded == [("m", 500)]  # counted as it was answered
