@@ -150,6 +150,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        self._wake_lane()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -181,7 +182,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             super()._start_asgi_task(cycle, app)
             return
         assert self._lane is not None
-        self._lane_body = body = LaneBody(cycle)
+        self._lane_body = body = LaneBody(cycle, self.loop)
         task = self.loop.create_task(self._lane.serve(body, params))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
@@ -197,6 +198,13 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+        self._wake_lane()
+
+    def _wake_lane(self) -> None:
+        """Tell a lane request reading its body that something happened, as uvicorn sets its
+        cycle's event (``gateway.infer_lane.LaneBody``)."""
+        if self._lane_body is not None:
+            self._lane_body.wake()
 
     def handle_websocket_upgrade(self) -> None:
         self._disarm()  # the connection is the WebSocket protocol's from here
@@ -244,6 +252,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         answer = not self.cycle.response_started
         self.cycle.disconnected = True  # the app reads a disconnect, and anything it sends goes nowhere
         self.cycle.message_event.set()
+        self._wake_lane()
         self._answer_and_close(408, f"request body stalled for {self._limits.body_timeout_s:g} s", answer)
 
     def _answer_and_close(self, status: int, message: str, answer: bool = True) -> None:

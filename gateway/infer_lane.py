@@ -21,6 +21,7 @@ ways give the same answers.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from time import perf_counter
 from typing import Any, Protocol
@@ -97,12 +98,14 @@ class LaneBody:
 
     HIGH_WATER = 64 * 1024
 
-    __slots__ = ("cycle", "_chunks", "_buffered")
+    __slots__ = ("cycle", "_loop", "_chunks", "_buffered", "_waiter")
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop) -> None:
         self.cycle = cycle
+        self._loop = loop
         self._chunks: list[bytes] = []
         self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
         if cycle.body:  # a pipelined request's, collected by uvicorn before its turn came
             self.add(bytes(cycle.body), None)
             cycle.body = bytearray()
@@ -118,11 +121,23 @@ class LaneBody:
         self._buffered += len(chunk)
         if flow is not None and self._buffered > self.HIGH_WATER:
             flow.pause_reading()
-        self.cycle.message_event.set()
+        self.wake()
 
     def take(self) -> list[bytes]:
         chunks, self._chunks, self._buffered = self._chunks, [], 0
         return chunks
+
+    def news(self) -> asyncio.Future[None]:
+        """Done at the next ``wake``: more of the body, its end, or the client gone. (Not the cycle's
+        ``asyncio.Event``: in Python 3.11 each wait on one looks up the running loop, a system call.)"""
+        self._waiter = waiter = self._loop.create_future()
+        return waiter
+
+    def wake(self) -> None:
+        """Something happened to the request (the protocol calls it; a wake with no news is harmless)."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class LaneRequest:
@@ -156,8 +171,7 @@ class LaneRequest:
                 cycle.waiting_for_100_continue = False
             if cycle.more_body and not body.pending and not cycle.disconnected and not cycle.response_complete:
                 cycle.flow.resume_reading()
-                await cycle.message_event.wait()
-                cycle.message_event.clear()
+                await body.news()
             if cycle.disconnected or cycle.response_complete:
                 raise ClientDisconnect()
             for chunk in body.take():

@@ -39,6 +39,13 @@ class Served:
     owned: Materialized = Materialized(None, None)
 
 
+@dataclass(frozen=True, slots=True)
+class _Traits:
+    stateful: bool  # a sequence model
+    decoupled: bool
+    retries_failures: bool
+
+
 @dataclass(slots=True)
 class Retired:
     runners: list[Runner]
@@ -51,6 +58,7 @@ class ModelSet:
         self._in_flight: dict[Runner, int] = {}
         self._drained: dict[Runner, asyncio.Event] = {}  # set when a retired runner's last request is answered
         self._ready: Mapping[str, tuple[int, ...]] | None = None  # what ready() answers until install or remove
+        self._traits: dict[str, _Traits] = {}  # per model, asked on every request, until install or remove
 
     def names(self) -> list[str]:
         return list(self._served)
@@ -63,10 +71,10 @@ class ModelSet:
         return served.runners if served is not None else {}
 
     def stateful(self, model: str) -> bool:
-        return any(r.config.sequence_batching is not None for r in self.runners(model).values())
+        return self._traits_of(model).stateful
 
     def decoupled(self, model: str) -> bool:
-        return any(r.config.decoupled for r in self.runners(model).values())
+        return self._traits_of(model).decoupled
 
     def cached(self, model: str) -> bool:
         """Whether its answers may be cached: ``response_cache`` on, and neither decoupled nor a sequence model."""
@@ -77,7 +85,18 @@ class ModelSet:
         return config.response_cache.enable and not config.decoupled and config.sequence_batching is None
 
     def retries_failures(self, model: str) -> bool:
-        return all(r.retries_failures for r in self.runners(model).values())
+        return self._traits_of(model).retries_failures
+
+    def _traits_of(self, model: str) -> _Traits:
+        traits = self._traits.get(model)
+        if traits is None:
+            runners = self.runners(model).values()
+            traits = _Traits(stateful=any(r.config.sequence_batching is not None for r in runners),
+                             decoupled=any(r.config.decoupled for r in runners),
+                             retries_failures=all(r.retries_failures for r in runners))
+            if model in self._served:  # not kept for a model that is not served
+                self._traits[model] = traits
+        return traits
 
     def priority_levels(self, model: str) -> int:
         return max(runner.priority_levels for runner in self.runners(model).values())
@@ -102,6 +121,7 @@ class ModelSet:
         old = self._served.get(model)
         self._served[model] = served
         self._ready = None
+        self._traits.pop(model, None)
         if old is None:
             return Retired([])
         kept = set(served.runners.values())
@@ -112,6 +132,7 @@ class ModelSet:
     def remove(self, model: str) -> Retired:
         old = self._served.pop(model, None)
         self._ready = None
+        self._traits.pop(model, None)
         return Retired([]) if old is None else Retired(list(old.runners.values()), old.owned)
 
     async def retire(self, retired: Retired) -> None:

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -246,3 +246,31 @@ async def test_a_header_value_with_a_line_break_is_never_written_and_a_500_goes_
     assert (status, body) == (500, b"Internal Server Error")
     assert "set-cookie" not in headers
     assert handler.recorded == [("m", 500)]  # counted as it was answered
+
+
+async def test_a_client_gone_mid_body_ends_the_request_instead_of_leaving_it_waiting(handler: Handler) -> None:
+    seen: list[str] = []
+
+    async def reading(request: InferRequest) -> Rendered:
+        try:
+            async for _ in request.stream():
+                pass
+        except ClientDisconnect:
+            seen.append("disconnect")
+            raise
+        return Rendered(b"{}")
+
+    app = app_with_lane(handler)
+    app.state.infer_lane = InferLane(reading, handler.record)
+    async with serving(app) as port:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/v2/models/m/infer", b"x" * 100_000)[:50_000])  # headers and half the body
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the request is waiting for the rest
+        writer.close()
+        for _ in range(200):
+            if handler.recorded:
+                break
+            await asyncio.sleep(0.01)
+    assert seen == ["disconnect"]
+    assert handler.recorded == [("m", 500)]  # nothing could be written: counted as failed

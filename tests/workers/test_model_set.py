@@ -12,6 +12,8 @@ MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repo"
 
 
 class Runner:
+    retries_failures = True
+
     def __init__(self, version: int) -> None:
         self.version = version
         self.entry = ModelRepository(MODEL_REPO).entry("add_sub")
@@ -59,3 +61,19 @@ async def test_a_retired_runner_is_closed_only_after_its_last_request_is_answere
     answered.set()
     await asyncio.wait_for(asyncio.gather(in_flight, retiring), 5)
     assert old.closed
+
+
+async def test_what_a_model_is_follows_every_install_and_removal():
+    models = ModelSet()
+    plain = Runner(1)
+    assert (models.stateful("add_sub"), models.decoupled("add_sub")) == (False, False)
+    models.install("add_sub", served(plain))
+    assert (models.stateful("add_sub"), models.decoupled("add_sub"), models.retries_failures("add_sub")) \
+        == (False, False, True)
+    streaming = Runner(2)
+    policy = plain.config.model_transaction_policy.model_copy(update={"decoupled": True})
+    streaming.config = plain.config.model_copy(update={"model_transaction_policy": policy})
+    models.install("add_sub", served(plain, streaming))
+    assert models.decoupled("add_sub"), "the model's new runners were not asked"
+    models.remove("add_sub")
+    assert not models.decoupled("add_sub")
