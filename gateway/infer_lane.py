@@ -4,13 +4,14 @@ HTTP protocol itself, past ASGI.
 Through ASGI an infer request crosses uvicorn's app wrappers, Starlette and its
 middleware, is read as ``http.request`` messages into a ``Request``, and answered
 as a ``Response`` sent as two messages, each checked and passed down the same
-wrappers: a third of what the floor app (``benchmarks/floor_app.py``) spends per
-request. On the lane the protocol (``gateway.http_server``) hands the request's
-uvicorn cycle to the app's infer handler, which reads the body as the protocol
-collects it (``LaneBody``) and returns its whole answer (``Rendered``); the lane writes it in one system call
-and ends the cycle as uvicorn's own ``send`` would, so keep-alive, pipelining,
-flow control, ``Expect: 100-continue`` and the body timeout work as before. The
-request is counted in ``/metrics`` as ``gateway.metrics.HttpCounting`` counts it.
+wrappers (together some 25 µs of a small request on the 2-core development
+machine; ``benchmarks/README.md``). On the lane the protocol
+(``gateway.http_server``) hands the request's uvicorn cycle to the app's infer
+handler, which reads the body as the protocol collects it (``LaneBody``) and
+returns its whole answer (``Rendered``); the lane writes it in one system call and
+ends the cycle as uvicorn's own ``send`` would, so keep-alive, pipelining, flow
+control, ``Expect: 100-continue`` and the body timeout work as before. The request
+is counted in ``/metrics`` as ``gateway.metrics.HttpCounting`` counts it.
 
 Only the main app's infer route takes the lane, and only where the app would route
 it there (no root path, not on a platform contract's port); every other request,

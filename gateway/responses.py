@@ -24,14 +24,6 @@ log = structlog.get_logger("ferry.gateway.http")
 T = TypeVar("T")
 
 
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
-
-
-def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(render_error(message), status_code=status, media_type="application/json", headers=headers)
-
-
 @dataclass(frozen=True, slots=True)
 class Rendered:
     body: bytes
@@ -51,6 +43,14 @@ def rendered_json(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 def rendered_error(message: str, status: int, headers: dict[str, str] | None = None) -> Rendered:
     return Rendered(render_error(message), status, headers=headers)
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return rendered_json(body, status, headers).response()
+
+
+def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return rendered_error(message, status, headers).response()
 
 
 async def guarded(answer: Awaitable[Response], path: str, unhandled_event: str) -> Response:

@@ -70,8 +70,8 @@ async def serving(app: Starlette | PortDispatch, **config: object) -> AsyncItera
     sock.bind(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
     protocol = functools.partial(GuardedHttpTools, limits=ConnectionLimits(), refusals=Refusals(), lane=lane_of(app))
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_config=None, http=protocol,  # type: ignore[arg-type]
-                                           **config))  # type: ignore[arg-type]
+    settings = uvicorn.Config(app, lifespan="off", log_config=None, http=protocol, **config)  # type: ignore[arg-type]
+    server = uvicorn.Server(settings)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
