@@ -120,8 +120,7 @@ class ModelSet:
         """Serve ``served`` from now on; what it replaces is returned for ``retire``."""
         old = self._served.get(model)
         self._served[model] = served
-        self._ready = None
-        self._traits.pop(model, None)
+        self._changed(model)
         if old is None:
             return Retired([])
         kept = set(served.runners.values())
@@ -131,9 +130,13 @@ class ModelSet:
 
     def remove(self, model: str) -> Retired:
         old = self._served.pop(model, None)
+        self._changed(model)
+        return Retired([]) if old is None else Retired(list(old.runners.values()), old.owned)
+
+    def _changed(self, model: str) -> None:
+        """Forget what was kept of the served models (``ready``) and of ``model`` itself."""
         self._ready = None
         self._traits.pop(model, None)
-        return Retired([]) if old is None else Retired(list(old.runners.values()), old.owned)
 
     async def retire(self, retired: Retired) -> None:
         """Close each runner once nothing it computes is still in flight."""
