@@ -14,6 +14,8 @@ takes either kind of URL and gets its client here.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -22,7 +24,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 from redis.cluster import ClusterNode as SyncClusterNode
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import ClusterError, RedisClusterException, RedisError
 
 from broker.errors import BrokerError
 
@@ -34,6 +36,10 @@ DEFAULT_PORT = 6379
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 
 AsyncRedis = aioredis.Redis | aioredis.RedisCluster
+# How long a cluster command is tried again while its slot is being moved (see SlotMoveTolerantCluster).
+SLOT_MOVE_WAIT_S = 10.0
+SLOT_MOVE_FIRST_PAUSE_S = 0.005
+SLOT_MOVE_LONGEST_PAUSE_S = 0.2
 SyncRedis = redis.Redis | redis.RedisCluster
 
 
@@ -109,7 +115,7 @@ def async_client(url: str, *, max_connections: int | None = None, pool_timeout_s
             url, protocol=2, max_connections=max_connections, timeout=pool_timeout_s, **options)
         return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
     extra: dict[str, Any] = {"max_connections": max_connections} if max_connections is not None else {}
-    return aioredis.RedisCluster(
+    return SlotMoveTolerantCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes], protocol=2,
         username=target.username, password=target.password, ssl=target.tls, **extra, **options)
 
@@ -123,3 +129,28 @@ def sync_client(url: str, **options: Any) -> SyncRedis:
         startup_nodes=[SyncClusterNode(host, port) for host, port in target.nodes],  # type: ignore[no-untyped-call]
         protocol=2,
         username=target.username, password=target.password, ssl=target.tls, **options)
+
+
+class SlotMoveTolerantCluster(aioredis.RedisCluster):
+    """An asyncio cluster client whose commands outlast a slot's move between masters.
+
+    While a slot migrates, its old master answers ASK for the keys already moved. redis-py's
+    asyncio client sends the ASKING that allows the command on the new master as a command of
+    its own, on one pooled connection, and the command itself on the next free one: with more
+    than one connection open to the new master, the command meets MOVED (back to the old one),
+    and the redirections use up its TTL within a millisecond (``ClusterError``) until the move
+    ends. Every attempt was refused unrun, so such a command is sent again, paced, for up to
+    ``SLOT_MOVE_WAIT_S``; a moved slot's owner then answers it."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        pause, deadline = SLOT_MOVE_FIRST_PAUSE_S, 0.0
+        while True:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except ClusterError:
+                now = time.monotonic()
+                deadline = deadline or now + SLOT_MOVE_WAIT_S
+                if now >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, SLOT_MOVE_LONGEST_PAUSE_S)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from types import TracebackType
 
 import redis
@@ -18,6 +19,14 @@ MASTERS = 3
 # killing one waits a second or two, not the default 15.
 NODE_TIMEOUT_MS = 1000
 READY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SlotMove:
+    """A slot whose keys are on their new master, which the cluster has yet to be told."""
+
+    slot: int
+    target_id: bytes
 
 
 class ClusterNodeServer(RedisServer):
@@ -117,6 +126,10 @@ class RedisCluster:
         """Move the slot holding ``key`` to ``target``, as ``redis-cli --cluster reshard`` does:
         the slot is marked migrating and importing, its keys MIGRATEd in batches (clients are
         sent ASK meanwhile), then every master learns its new owner (MOVED from then on)."""
+        self.hand_over(self.migrate_keys_of(key, target))
+
+    def migrate_keys_of(self, key: str, target: ClusterNodeServer) -> SlotMove:
+        """The first half of ``move_slot_of``: afterwards the old master answers ASK for the slot's keys."""
         source = self.master_of(key)
         if source is target:
             raise ValueError(f"{key!r} is on port {target.port} already")
@@ -127,9 +140,13 @@ class RedisCluster:
             src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
             while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
                 src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
-            for node in self.masters():
-                with redis.Redis(port=node.port) as client:
-                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        return SlotMove(slot, dst_id)
+
+    def hand_over(self, move: SlotMove) -> None:
+        """The second half of ``move_slot_of``: every master learns the slot's new owner."""
+        for node in self.masters():
+            with redis.Redis(port=node.port) as client:
+                client.execute_command("CLUSTER", "SETSLOT", move.slot, "NODE", move.target_id)
 
     def flush(self) -> None:
         """Empty every master (replicas follow)."""

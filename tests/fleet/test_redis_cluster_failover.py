@@ -1,5 +1,6 @@
 """A Redis Cluster changing under load: a slot moved to another master, and a master
-SIGKILLed, its replica taking over; the fleet rides both out. For the kill, 2,000
+SIGKILLed, its replica taking over; the fleet rides both out. First, ferry's cluster client
+alone: a command that meets ASK while a slot moves runs once, on the slot's new master. For the kill, 2,000
 synchronous requests and 50 async jobs go through a gateway to two workers on a three-master
 cluster; once a third of the requests are answered, the master holding the model's request
 stream is killed. Every request gets exactly one answer (its own, right) or a clear error,
@@ -7,6 +8,7 @@ none waits out a timeout, and every accepted job reaches a final state."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import httpx
 import pytest
 
 from broker import channels
+from broker.redis_url import async_client
 from tests.fleet.processes import Fleet, Gateway, wait_for
 from tests.models import recorded_values, write_recording_model
 from tests.redis_cluster import RedisCluster
@@ -115,6 +118,32 @@ def job_state(response: httpx.Response) -> str:
     document = response.json()
     # A finished job answers with its inference body; one under way with its status.
     return str(document["status"]) if "job_id" in document else "succeeded"
+
+
+def test_a_command_meeting_ask_while_its_slot_moves_runs_once_on_the_new_master(cluster: RedisCluster) -> None:
+    # redis-py's asyncio client sends ASKING and the command on two pooled connections: with
+    # several open to the new master the command meets MOVED back, and its redirections ran out
+    # within a millisecond ("TTL exhausted", a 503 at the gateway) for as long as the move took.
+    key = "ferry.test.moving"
+    source = cluster.master_of(key)
+    target = next(node for node in cluster.masters() if node is not source)
+    on_target = next(name for name in (f"ferry.test.{n}" for n in range(10_000)) if cluster.master_of(name) is target)
+
+    async def scenario() -> list[bytes]:
+        client = async_client(cluster.url)
+        try:
+            await client.xadd(key, {"d": b"before"})
+            await asyncio.gather(*(client.get(on_target) for _ in range(8)))  # 8 connections open to the target
+            move = await asyncio.to_thread(cluster.migrate_keys_of, key, target)
+            hand_over = asyncio.create_task(asyncio.to_thread(lambda: (time.sleep(0.5), cluster.hand_over(move))))
+            await client.xadd(key, {"d": b"during"})  # the old master answers ASK now
+            await hand_over
+            return [fields[b"d"] for _, fields in await client.xrange(key)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [b"before", b"during"]
+    assert cluster.master_of(key) is target
 
 
 def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is_left_hanging(
