@@ -26,13 +26,14 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from broker.channels import redis_key
 from broker.errors import TransportClosed
 from broker.redis_url import REDIS_ERRORS, async_client
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
+from broker.transports.redis_pipe import CommandPipe
 
 PAYLOAD_FIELD = b"d"
 # Each header is a field of its own, named "h.<header>".
@@ -100,11 +101,17 @@ class RedisTransport(BaseTransport):
         self._closing: set[asyncio.Task[Any]] = set()  # of those, the ones closing cancelled
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
         self._reply_and_ack = self._redis.register_script(_REPLY_AND_ACK)
+        # On one server, the commands of every request (a publish; a reply and an ack) go out
+        # together (broker.transports.redis_pipe); a cluster client sends each to its slot's node.
+        self._pipe = None if isinstance(self._redis, RedisCluster) else CommandPipe(self._redis.connection_pool)
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
         with self._guarded():
-            message_id = await self._redis.xadd(redis_key(channel), _fields(payload, headers))  # type: ignore[arg-type]
+            if self._pipe is None:
+                message_id = await self._redis.xadd(redis_key(channel), _fields(payload, headers))  # type: ignore[arg-type]
+            else:
+                message_id = await self._pipe.call("XADD", redis_key(channel), "*", *_flat(_fields(payload, headers)))
         return _text(message_id)
 
     async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
@@ -113,11 +120,16 @@ class RedisTransport(BaseTransport):
         if self._cluster and key_slot(reply_key.encode()) != key_slot(request_key.encode()):
             await super().reply(channel, payload, delivery, key=key, headers=headers)  # a script runs on one slot
             return
-        args: list[bytes | str] = [delivery.group, delivery.message_id]
-        for name, value in _fields(payload, headers).items():
-            args += (name, value)
+        args: list[bytes | str] = [delivery.group, delivery.message_id, *_flat(_fields(payload, headers))]
         with self._guarded():
-            await self._reply_and_ack(keys=[reply_key, request_key], args=args)
+            if self._pipe is None:
+                await self._reply_and_ack(keys=[reply_key, request_key], args=args)
+                return
+            script = self._reply_and_ack
+            try:
+                await self._pipe.call("EVALSHA", script.sha, 2, reply_key, request_key, *args)
+            except NoScriptError:  # a restarted or flushed server: EVAL caches it again
+                await self._pipe.call("EVAL", script.script, 2, reply_key, request_key, *args)
 
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
@@ -148,8 +160,7 @@ class RedisTransport(BaseTransport):
         return self._cluster and len({key_slot(redis_key(channel).encode()) for channel in channels}) > 1
 
     async def ack(self, delivery: Delivery) -> None:
-        with self._guarded():
-            await self._redis.xack(redis_key(delivery.channel), delivery.group, delivery.message_id)
+        await self.ack_all((delivery,))
 
     async def ack_all(self, deliveries: Sequence[Delivery]) -> None:
         by_group: dict[tuple[str, str], list[str]] = {}
@@ -157,7 +168,10 @@ class RedisTransport(BaseTransport):
             by_group.setdefault((delivery.channel, delivery.group), []).append(delivery.message_id)
         with self._guarded():
             for (channel, group), ids in by_group.items():  # one XACK each: a stream takes many ids at once
-                await self._redis.xack(redis_key(channel), group, *ids)
+                if self._pipe is None:
+                    await self._redis.xack(redis_key(channel), group, *ids)
+                else:
+                    await self._pipe.call("XACK", redis_key(channel), group, *ids)
 
     async def trim(self, channel: str) -> int:
         with self._guarded():
@@ -220,6 +234,8 @@ class RedisTransport(BaseTransport):
         # Those reads end now, the other calls within a round trip; a call cut off by the pool's
         # close would be retried by redis-py on a fresh connection that nothing closes.
         await self._settle(SETTLE_S)
+        if self._pipe is not None:
+            await self._pipe.aclose()
         await self._redis.aclose()
 
     async def _ensure_group(self, channel: str, group: str) -> None:
@@ -351,6 +367,11 @@ def _headers(fields: dict[bytes, bytes]) -> Headers:
 
 def _is_nogroup(exc: ResponseError) -> bool:
     return str(exc).startswith("NOGROUP")
+
+
+def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
+    """A stream entry's fields as XADD takes them: name, value, name, value..."""
+    return [part for pair in fields.items() for part in pair]
 
 
 def _fields(payload: bytes, headers: Headers) -> dict[bytes, bytes]:

@@ -1,0 +1,131 @@
+"""broker.transports.redis_pipe on a real redis-server: commands asked for together go out in
+one write and each caller gets its own reply; an error reply is its command's alone; a server
+restarted between writes is reconnected to, and one gone for good fails its callers at once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from broker.transports.redis_pipe import CommandPipe
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A server of this test's own, to kill."""
+    with RedisServer() as server:
+        yield server
+
+
+def pool_for(url: str) -> aioredis.ConnectionPool:
+    return aioredis.BlockingConnectionPool.from_url(url, protocol=2, socket_timeout=None)
+
+
+def test_commands_asked_for_together_go_out_in_one_write_each_with_its_own_reply(redis_url: str) -> None:
+    stream = f"ferry.test.pipe.{uuid.uuid4().hex}"
+
+    async def scenario() -> tuple[list[bytes], list[bytes], int]:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool)
+        try:
+            ids = await asyncio.gather(*(pipe.call("XADD", stream, "*", "n", str(n)) for n in range(50)))
+            entries = await pipe.call("XRANGE", stream, "-", "+")
+            await pipe.call("DEL", stream)
+            return list(ids), [(entry_id, fields[1]) for entry_id, fields in entries], pipe.round_trips
+        finally:
+            await pipe.aclose()
+            await pool.aclose()
+
+    ids, entries, round_trips = asyncio.run(scenario())
+    # Each caller got the id of its own entry: the entries hold 0..49 in the callers' order.
+    assert entries == [(entry_id, str(n).encode()) for n, entry_id in enumerate(ids)]
+    assert len(set(ids)) == 50
+    assert round_trips == 3  # the 50 XADDs in one write, then XRANGE, then DEL
+
+
+def test_an_error_reply_fails_its_own_command_and_no_other(redis_url: str) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+
+    async def scenario() -> list[object]:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool)
+        try:
+            return list(await asyncio.gather(pipe.call("SET", key, "text"), pipe.call("INCR", key),
+                                             pipe.call("GET", key), pipe.call("DEL", key), return_exceptions=True))
+        finally:
+            await pipe.aclose()
+            await pool.aclose()
+
+    set_reply, incr, get, deleted = asyncio.run(scenario())
+    assert set_reply is True or set_reply == b"OK"
+    assert isinstance(incr, ResponseError) and "not an integer" in str(incr)
+    assert get == b"text" and deleted == 1
+
+
+def test_a_server_restarted_between_writes_is_connected_to_again(own_server: RedisServer) -> None:
+    async def scenario() -> object:
+        pool = pool_for(own_server.url)
+        pipe = CommandPipe(pool)
+        try:
+            assert await pipe.call("PING") in (True, b"PONG")
+            own_server.crash()
+            own_server.restart()
+            await asyncio.sleep(0.2)  # the old connection's end has arrived
+            return await pipe.call("ECHO", "again")
+        finally:
+            await pipe.aclose()
+            await pool.aclose()
+
+    assert asyncio.run(scenario()) == b"again"
+
+
+def test_a_server_gone_fails_the_callers_waiting_and_a_closed_pipe_refuses(own_server: RedisServer) -> None:
+    async def scenario() -> tuple[list[object], BaseException | None]:
+        pool = pool_for(own_server.url)
+        pipe = CommandPipe(pool)
+        try:
+            await pipe.call("PING")
+            own_server.crash()
+            results = await asyncio.wait_for(
+                asyncio.gather(*(pipe.call("ECHO", str(n)) for n in range(5)), return_exceptions=True), 10)
+        finally:
+            await pipe.aclose()
+            await pool.aclose()
+        try:
+            await pipe.call("PING")
+        except RedisConnectionError as exc:
+            return list(results), exc
+        return list(results), None
+
+    results, refused = asyncio.run(scenario())
+    assert all(isinstance(result, RedisConnectionError) for result in results), results
+    assert refused is not None and "closed" in str(refused)
+
+
+def test_closing_fails_a_caller_still_waiting(redis_url: str) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+
+    async def scenario() -> BaseException:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool)
+        try:
+            # BLPOP blocks the pipe's connection (which is why blocking reads do not belong there).
+            waiting = asyncio.ensure_future(pipe.call("BLPOP", key, 5))
+            await asyncio.sleep(0.2)
+            await pipe.aclose()
+            try:
+                await asyncio.wait_for(waiting, 2)
+            except RedisConnectionError as exc:
+                return exc
+            raise AssertionError("the caller was answered after closing")
+        finally:
+            await pool.aclose()
+
+    assert "closed" in str(asyncio.run(scenario()))
