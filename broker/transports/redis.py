@@ -33,7 +33,7 @@ from broker.errors import TransportClosed
 from broker.redis_url import REDIS_ERRORS, async_client
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
-from broker.transports.redis_pipe import CommandPipe
+from broker.transports.redis_pipe import ClusterPipes, CommandPipe
 
 PAYLOAD_FIELD = b"d"
 # Each header is a field of its own, named "h.<header>".
@@ -101,19 +101,23 @@ class RedisTransport(BaseTransport):
         self._closing: set[asyncio.Task[Any]] = set()  # of those, the ones closing cancelled
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
         self._reply_and_ack = self._redis.register_script(_REPLY_AND_ACK)
-        # On one server, the commands of every request (a publish; a reply and an ack) go out
-        # together (broker.transports.redis_pipe); a cluster client sends each to its slot's node.
-        # Reads skip redis-py's command layer there too (_xreadgroup).
-        self._pool = None if isinstance(self._redis, RedisCluster) else self._redis.connection_pool
-        self._pipe = None if self._pool is None else CommandPipe(self._pool)
+        # The commands of every request (a publish; a reply and an ack) go out together with
+        # those due at the same time (broker.transports.redis_pipe): on one connection to one
+        # server, on one per master of a cluster. On one server, reads skip redis-py's command
+        # layer too (_xreadgroup).
+        self._pool: ConnectionPool | None = None
+        self._pipes: CommandPipe | ClusterPipes
+        if isinstance(self._redis, RedisCluster):
+            self._pipes = ClusterPipes(self._redis)
+        else:
+            self._pool = self._redis.connection_pool
+            self._pipes = CommandPipe(self._pool)
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
         with self._guarded():
-            if self._pipe is None:
-                message_id = await self._redis.xadd(redis_key(channel), _fields(payload, headers))  # type: ignore[arg-type]
-            else:
-                message_id = await self._pipe.call("XADD", redis_key(channel), "*", *_flat(_fields(payload, headers)))
+            stream = redis_key(channel)
+            message_id = await self._command(stream, "XADD", stream, "*", *_flat(_fields(payload, headers)))
         return _text(message_id)
 
     async def reply(self, channel: str, payload: bytes, delivery: Delivery, *, key: str | None = None,
@@ -124,14 +128,17 @@ class RedisTransport(BaseTransport):
             return
         args: list[bytes | str] = [delivery.group, delivery.message_id, *_flat(_fields(payload, headers))]
         with self._guarded():
-            if self._pipe is None:
-                await self._reply_and_ack(keys=[reply_key, request_key], args=args)
-                return
             script = self._reply_and_ack
             try:
-                await self._pipe.call("EVALSHA", script.sha, 2, reply_key, request_key, *args)
+                await self._command(reply_key, "EVALSHA", script.sha, 2, reply_key, request_key, *args)
             except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-                await self._pipe.call("EVAL", script.script, 2, reply_key, request_key, *args)
+                await self._command(reply_key, "EVAL", script.script, 2, reply_key, request_key, *args)
+
+    async def _command(self, key: str, *command: Any) -> Any:
+        """A command that never blocks, on ``key``, sent together with those due at the same time."""
+        if isinstance(self._pipes, ClusterPipes):
+            return await self._pipes.call(key, *command)
+        return await self._pipes.call(*command)
 
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float
@@ -170,10 +177,8 @@ class RedisTransport(BaseTransport):
             by_group.setdefault((delivery.channel, delivery.group), []).append(delivery.message_id)
         with self._guarded():
             for (channel, group), ids in by_group.items():  # one XACK each: a stream takes many ids at once
-                if self._pipe is None:
-                    await self._redis.xack(redis_key(channel), group, *ids)
-                else:
-                    await self._pipe.call("XACK", redis_key(channel), group, *ids)
+                stream = redis_key(channel)
+                await self._command(stream, "XACK", stream, group, *ids)
 
     async def trim(self, channel: str) -> int:
         with self._guarded():
@@ -236,8 +241,7 @@ class RedisTransport(BaseTransport):
         # Those reads end now, the other calls within a round trip; a call cut off by the pool's
         # close would be retried by redis-py on a fresh connection that nothing closes.
         await self._settle(SETTLE_S)
-        if self._pipe is not None:
-            await self._pipe.aclose()
+        await self._pipes.aclose()
         await self._redis.aclose()
 
     async def _ensure_group(self, channel: str, group: str) -> None:

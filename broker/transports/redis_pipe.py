@@ -24,12 +24,20 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import ConnectionPool
+from redis.asyncio import ConnectionPool, RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import (
+    AskError, ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, ResponseError, SlotNotCoveredError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import TryAgainError
 
 Command = tuple[Any, ...]
+# What a cluster master's pipe answers when the command belongs elsewhere or the master is gone
+# (MovedError is an AskError; READONLY from a master demoted to a replica).
+_ELSEWHERE = (AskError, TryAgainError, ClusterDownError, MasterDownError, ReadOnlyError, RedisConnectionError,
+              RedisTimeoutError)
 _Waiting = tuple[Command, "asyncio.Future[Any]"]
 
 
@@ -125,3 +133,54 @@ def _settle(future: asyncio.Future[Any], reply: Any = None, error: BaseException
 def _fail(waiting: Sequence[_Waiting], error: BaseException) -> None:
     for _, future in waiting:
         _settle(future, error=error)
+
+
+class ClusterPipes:
+    """A ``CommandPipe`` for each master of a Redis Cluster, a command going to the master of
+    its key's slot as the cluster client last mapped it. A redirection (MOVED, ASK, TRYAGAIN),
+    a slot not mapped yet, a cluster down, a master demoted or a failed connection sends the command through the
+    cluster client instead, which follows it and maps the slots again, so the next command for
+    that slot goes to its new master. (A command whose connection failed after it was written
+    may so run twice, as it may when the cluster client retries it.)"""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self._cluster = cluster
+        self._pipes: dict[str, tuple[CommandPipe, ConnectionPool]] = {}
+        self._closed = False
+
+    @property
+    def round_trips(self) -> dict[str, int]:
+        """Writes sent through each master's pipe (not through the cluster client), by "host:port"."""
+        return {name: pipe.round_trips for name, (pipe, _) in self._pipes.items()}
+
+    async def call(self, key: str, *command: Any) -> Any:
+        pipe = self._pipe_for(key)
+        if pipe is not None:
+            try:
+                return await pipe.call(*command)
+            except _ELSEWHERE:
+                pass
+        return await self._cluster.execute_command(*command)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for pipe, pool in self._pipes.values():
+            await pipe.aclose()
+            await pool.aclose()
+        self._pipes.clear()
+
+    def _pipe_for(self, key: str) -> CommandPipe | None:
+        """The pipe to ``key``'s master, or None while the client has no map of the slots."""
+        if self._closed:
+            return None
+        try:
+            node = self._cluster.get_node_from_key(key)
+        except (SlotNotCoveredError, RedisClusterException):
+            return None
+        if node is None:
+            return None
+        held = self._pipes.get(node.name)
+        if held is None:
+            pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+            held = self._pipes[node.name] = (CommandPipe(pool), pool)
+        return held[0]

@@ -20,6 +20,7 @@ import pytest
 
 from broker import channels
 from broker.redis_url import async_client
+from broker.transports.redis_pipe import ClusterPipes
 from tests.fleet.processes import Fleet, Gateway, wait_for
 from tests.models import recorded_values, write_recording_model
 from tests.redis_cluster import RedisCluster
@@ -144,6 +145,48 @@ def test_a_command_meeting_ask_while_its_slot_moves_runs_once_on_the_new_master(
 
     assert asyncio.run(scenario()) == [b"before", b"during"]
     assert cluster.master_of(key) is target
+
+
+def test_commands_go_to_each_master_together_and_follow_a_slot_that_moved(cluster: RedisCluster) -> None:
+    # broker.transports.redis_pipe.ClusterPipes: one write per master for the commands due at once;
+    # a command its master no longer serves (ASK while the slot moves, MOVED after) goes through the
+    # cluster client, and the next one to the new master's pipe.
+    masters = cluster.masters()
+    keys = [next(f"ferry.test.pipes.{n}" for n in range(10_000) if cluster.master_of(f"ferry.test.pipes.{n}") is m)
+            for m in masters]
+    moving = keys[0]
+    target = masters[1]
+
+    async def scenario() -> tuple[dict[str, int], dict[str, int], dict[str, int], list[bytes]]:
+        client = async_client(cluster.url)
+        pipes = ClusterPipes(client)  # type: ignore[arg-type]
+        try:
+            await client.ping()  # the client maps the slots
+            await asyncio.gather(*(pipes.call(key, "XADD", key, "*", "n", str(n))
+                                   for n in range(10) for key in keys))
+            together = pipes.round_trips
+            move = await asyncio.to_thread(cluster.migrate_keys_of, moving, target)
+            hand_over = asyncio.create_task(asyncio.to_thread(lambda: (time.sleep(0.3), cluster.hand_over(move))))
+            await pipes.call(moving, "XADD", moving, "*", "n", "asked")  # ASK from the old master
+            await hand_over
+            before = pipes.round_trips
+            await pipes.call(moving, "XADD", moving, "*", "n", "moved")  # MOVED from the old master
+            await pipes.call(moving, "XADD", moving, "*", "n", "there")  # to the new master's pipe
+            entries = await client.xrange(moving)
+            return together, before, pipes.round_trips, [fields[b"n"] for _, fields in entries]
+        finally:
+            await pipes.aclose()
+            for key in keys:
+                await client.delete(key)
+            await client.aclose()
+
+    together, before, after, values = asyncio.run(scenario())
+    names = [f"127.0.0.1:{master.port}" for master in masters]
+    assert together == dict.fromkeys(names, 1)  # 30 commands, one write to each master
+    old, new = names[0], names[1]
+    assert (after[old] - before[old], after[new] - before[new]) == (1, 1)  # MOVED once, then the new master's pipe
+    assert values == [str(n).encode() for n in range(10)] + [b"asked", b"moved", b"there"]
+    assert cluster.master_of(moving) is target
 
 
 def test_a_slot_moved_to_another_master_under_load_is_followed_and_no_request_is_left_hanging(
