@@ -40,7 +40,8 @@ from benchmarks.interrupt import run_main, stop_on_signals  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
 from benchmarks.window import Window, WindowOptions  # noqa: E402
 
-ROWS = (FLOOR, "embedded", "redis", "kafka")
+ROWS = (FLOOR, "embedded", "redis", "kafka", "redis-cluster")
+DEFAULT_ROWS = ROWS[:4]  # the cluster (six redis-servers) only when asked for
 FLOOR_APP = REPO_ROOT / "benchmarks" / "floor_app.py"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "cpu.json"
 WINDOWS = WindowOptions(full=Window(duration_s=10.0, warmup_s=3.0), quick=Window(duration_s=2.0, warmup_s=1.0))
@@ -54,7 +55,7 @@ class BenchSettings:
     duration_s: float = WINDOWS.full.duration_s
     warmup_s: float = WINDOWS.full.warmup_s
     out: Path = DEFAULT_OUT
-    rows: tuple[str, ...] = ROWS
+    rows: tuple[str, ...] = DEFAULT_ROWS
     sizes: tuple[str, ...] = DEFAULT_SIZES
     concurrency: int = 32
     batching: bool = False
@@ -94,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     WINDOWS.add_to(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
-    parser.add_argument("--rows", type=_choices(ROWS), default=ROWS,
-                        help=f"rows to run, comma-separated (default {','.join(ROWS)})")
+    parser.add_argument("--rows", type=_choices(ROWS), default=DEFAULT_ROWS,
+                        help=f"rows to run, comma-separated, of {','.join(ROWS)} (default {','.join(DEFAULT_ROWS)})")
     sizes = tuple(p.key for p in PAYLOADS)
     parser.add_argument("--sizes", type=_choices(sizes), default=DEFAULT_SIZES,
                         help="bodies to send: small (16 x FP32), large (3x224x224 FP16), huge (1024x1024 FP32, "
@@ -151,7 +152,8 @@ def fleet_server(kind: str, repository: Path, scratch: Path, settings: BenchSett
     """A broker of its own, started for this row only (an idle JVM would tax the other rows),
     then one ``ferry gateway`` and one ``ferry worker`` over it, ready once the worker serves
     every model."""
-    starter = {"redis": fleet_procs.redis_server, "kafka": fleet_procs.kafka_server}[kind]
+    starter = {"redis": fleet_procs.redis_server, "kafka": fleet_procs.kafka_server,
+               "redis-cluster": fleet_procs.redis_cluster}[kind]
     logs = scratch / kind
     logs.mkdir()
     models = [p.model for p in settings.payloads]
@@ -162,7 +164,7 @@ def fleet_server(kind: str, repository: Path, scratch: Path, settings: BenchSett
             for model in models[1:]:
                 _wait_serving(url, model)
             yield Running(running.host, running.port,
-                          {"gateway": (running.gateway_pid,), "worker": running.worker_pids}, (broker.pid,))
+                          {"gateway": (running.gateway_pid,), "worker": running.worker_pids}, broker.pids)
 
 
 def _wait_serving(url: str, model: str) -> None:

@@ -22,10 +22,11 @@ ROW_LABELS = {
     "embedded": "ferry serve, embedded",
     "redis": "gateway+worker, redis",
     "kafka": "gateway+worker, kafka",
+    "redis-cluster": "gateway+worker, cluster",
 }
 
 COLUMNS = (
-    Column("row", 22, align="<"), Column("body", 23, align="<"), Column("req/s", 8, ".0f"),
+    Column("row", 23, align="<"), Column("body", 23, align="<"), Column("req/s", 8, ".0f"),
     Column("server µs/req", 13, ".0f"), Column("x floor", 7, ".2f"), Column("broker µs/req", 13, ".0f"),
     Column("client µs/req", 13, ".0f"), Column("server cores", 12, ".2f"), Column("client cores", 12, ".2f"),
 )
@@ -33,7 +34,7 @@ COLUMNS = (
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    row: str                            # "floor", "embedded", "redis" or "kafka"
+    row: str                            # "floor", "embedded", "redis", "kafka" or "redis-cluster"
     payload: Payload
     answered: int                       # requests answered right inside the measured window
     errors: int

@@ -41,6 +41,11 @@ class Broker:
     kind: str  # "redis", "redis-cluster", "kafka" or "kafka-cluster"
     url: str
     pid: int
+    others: tuple[int, ...] = ()  # a cluster's other nodes, where they are counted too
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return (self.pid, *self.others)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +67,13 @@ def redis_server() -> Iterator[Broker]:
 
 @contextlib.contextmanager
 def redis_cluster() -> Iterator[Broker]:
-    """Three masters with a replica each; the pid is the first node's (the broker's CPU is not split)."""
+    """Three masters with a replica each; the pid is the first node's, ``others`` the rest's."""
     with RedisCluster() as cluster:
-        with sync_client(cluster.url) as client:
-            pid = int(client.info("server", target_nodes=client.get_default_node())["process_id"])
-        yield Broker("redis-cluster", cluster.url, pid)
+        pids = []
+        for node in cluster.nodes:
+            with redis.Redis(port=node.port) as client:
+                pids.append(int(client.info("server")["process_id"]))
+        yield Broker("redis-cluster", cluster.url, pids[0], tuple(pids[1:]))
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from broker.transports.redis_pipe import CommandPipe
+from broker.transports.redis_pipe import LARGE_ARGUMENT_BYTES, CommandPipe, pack
 from tests.redis_server import RedisServer
 
 
@@ -129,3 +129,34 @@ def test_closing_fails_a_caller_still_waiting(redis_url: str) -> None:
             await pool.aclose()
 
     assert "closed" in str(asyncio.run(scenario()))
+
+
+def test_large_arguments_are_sent_as_they_are_and_arrive_whole(redis_url: str) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+    tensor = bytes(range(256)) * 1200  # 300 KB
+    view = memoryview(tensor)[1000:]
+
+    parts = pack([("SET", key, tensor), ("APPEND", key, view)])
+    assert any(part is tensor for part in parts) and any(part is view for part in parts)  # not copied
+    assert sum(len(part) for part in parts) < 2 * len(tensor) + 200
+
+    async def scenario() -> tuple[object, object]:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool)
+        try:
+            await asyncio.gather(pipe.call("SET", key, tensor), pipe.call("APPEND", key, view),
+                                 pipe.call("SET", key + ".small", "é", "EX", 60))
+            return await pipe.call("GET", key), await pipe.call("GET", key + ".small")
+        finally:
+            await pipe.call("DEL", key, key + ".small")
+            await pipe.aclose()
+            await pool.aclose()
+
+    stored, small = asyncio.run(scenario())
+    assert stored == tensor + bytes(view) and small == "é".encode()
+    assert len(tensor) > LARGE_ARGUMENT_BYTES
+
+
+def test_an_argument_redis_cannot_take_is_refused_by_its_type() -> None:
+    with pytest.raises(TypeError, match="float"):
+        pack([("INCRBYFLOAT", "k", 1.5)])
