@@ -285,7 +285,8 @@ class RedisTransport(BaseTransport):
         try:
             keys = [redis_key(channel) for channel in channels]
             if self._pool is None:
-                reply = await self._redis.xreadgroup(group, consumer, dict.fromkeys(keys, ">"), count=max_count, block=block)
+                reply = await self._redis.xreadgroup(group, consumer, dict.fromkeys(keys, ">"), count=max_count,
+                                                     block=block)
             else:
                 reply = await self._xreadgroup(self._pool, keys, group, consumer, max_count, block)
         except asyncio.CancelledError:

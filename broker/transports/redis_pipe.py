@@ -12,10 +12,11 @@ Only commands that never block belong here (XADD, XACK, EVALSHA of a short scrip
 blocking read would hold up every command queued behind it. The connection is the
 client's own kind (``pool.make_connection``), so URL, credentials, TLS, database and
 protocol are the client's, and it is checked before each write as the pool checks a
-connection it hands out (one the server closed meanwhile is opened again). A connection that fails is dropped, and what was not yet
-answered is sent again on a new one as the connection's ``retry`` allows, as redis-py
-retries a command (so, as there, a command whose reply was lost with the connection may
-run twice); an error reply fails only its own command.
+connection it hands out (one the server closed meanwhile is opened again). A connection
+that fails is dropped, and what was not yet answered is sent again on a new one as the
+connection's ``retry`` allows, as redis-py retries a command (so, as there, a command
+whose reply was lost with the connection may run twice); an error reply fails only its
+own command.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 from redis.asyncio import ConnectionPool, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
-    AskError, ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, ResponseError, SlotNotCoveredError,
+    AskError, ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, ResponseError,
+    SlotNotCoveredError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -65,7 +67,7 @@ class CommandPipe:
             raise RedisConnectionError("the command pipe is closed")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((command, future))
-        self._sizes.append(sum(len(part) for part in command if isinstance(part, (bytes, bytearray, memoryview))))
+        self._sizes.append(sum(_size(part) for part in command))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_all(), name="redis-pipe")
         return await future
@@ -121,8 +123,9 @@ class CommandPipe:
             # As a pool checks what it hands out: (re)connected, and not closed by the server meanwhile.
             await self._pool.ensure_connection(connection)
             self.round_trips += 1
-            # (memoryviews pass through to the socket as they are, as redis-py's own packer sends them)
-            await connection.send_packed_command(pack([c for c, _ in waiting]), check_health=False)  # type: ignore[arg-type]
+            # (typed for bytes only; a memoryview is written as it is, as redis-py's own packer passes one on)
+            packed = pack([c for c, _ in waiting])
+            await connection.send_packed_command(packed, check_health=False)  # type: ignore[arg-type]
             for _, future in waiting:
                 try:
                     reply = await connection.read_response()
@@ -162,9 +165,17 @@ def pack(commands: Sequence[Command]) -> list[bytes | memoryview]:
     return parts
 
 
+def _size(argument: Any) -> int:
+    if isinstance(argument, memoryview):
+        return argument.nbytes
+    return len(argument) if isinstance(argument, (bytes, bytearray)) else 0
+
+
 def _encoded(argument: Any) -> bytes | memoryview:
-    if isinstance(argument, (bytes, memoryview)):
+    if isinstance(argument, bytes):
         return argument
+    if isinstance(argument, memoryview):  # as bytes: its length in bytes, not in items
+        return argument.cast("B") if argument.c_contiguous else argument.tobytes()
     if isinstance(argument, str):
         return argument.encode()
     if isinstance(argument, int) and not isinstance(argument, bool):
@@ -191,10 +202,10 @@ def _fail(waiting: Sequence[_Waiting], error: BaseException) -> None:
 class ClusterPipes:
     """A ``CommandPipe`` for each master of a Redis Cluster, a command going to the master of
     its key's slot as the cluster client last mapped it. A redirection (MOVED, ASK, TRYAGAIN),
-    a slot not mapped yet, a cluster down, a master demoted or a failed connection sends the command through the
-    cluster client instead, which follows it and maps the slots again, so the next command for
-    that slot goes to its new master. (A command whose connection failed after it was written
-    may so run twice, as it may when the cluster client retries it.)"""
+    a slot not mapped yet, a cluster down, a master demoted or a failed connection sends the
+    command through the cluster client instead, which follows it and maps the slots again, so
+    the next command for that slot goes to its new master. (A command whose connection failed
+    after it was written may so run twice, as it may when the cluster client retries it.)"""
 
     def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster

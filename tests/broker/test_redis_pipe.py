@@ -4,6 +4,7 @@ restarted between writes is reconnected to, and one gone for good fails its call
 
 from __future__ import annotations
 
+import array
 import asyncio
 import uuid
 from collections.abc import Iterator
@@ -137,7 +138,9 @@ def test_large_arguments_are_sent_as_they_are_and_arrive_whole(redis_url: str) -
     view = memoryview(tensor)[1000:]
 
     parts = pack([("SET", key, tensor), ("APPEND", key, view)])
-    assert any(part is tensor for part in parts) and any(part is view for part in parts)  # not copied
+    # not copied: the tensor itself, and a view on its memory
+    assert any(part is tensor for part in parts)
+    assert any(isinstance(part, memoryview) and part.obj is tensor and part.nbytes == len(view) for part in parts)
     assert sum(len(part) for part in parts) < 2 * len(tensor) + 200
 
     async def scenario() -> tuple[object, object]:
@@ -155,6 +158,27 @@ def test_large_arguments_are_sent_as_they_are_and_arrive_whole(redis_url: str) -
     stored, small = asyncio.run(scenario())
     assert stored == tensor + bytes(view) and small == "é".encode()
     assert len(tensor) > LARGE_ARGUMENT_BYTES
+
+
+def test_a_memoryview_of_wider_items_is_sent_as_its_bytes(redis_url: str) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+    values = array.array("i", range(10_000))  # 40,000 bytes, 10,000 items
+    wide = memoryview(values)
+    strided = memoryview(bytes(range(200)))[::2]  # not contiguous
+
+    async def scenario() -> list[object]:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool)
+        try:
+            await pipe.call("SET", key, wide)
+            await pipe.call("SET", key + ".strided", strided)
+            return [await pipe.call("GET", key), await pipe.call("GET", key + ".strided")]
+        finally:
+            await pipe.call("DEL", key, key + ".strided")
+            await pipe.aclose()
+            await pool.aclose()
+
+    assert asyncio.run(scenario()) == [values.tobytes(), strided.tobytes()]
 
 
 def test_an_argument_redis_cannot_take_is_refused_by_its_type() -> None:
