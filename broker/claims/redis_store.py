@@ -1,19 +1,22 @@
 """Claim-checked bytes in Redis: one key per tensor, with a TTL.
 
 Keys carry no hash tag, so a Redis Cluster spreads the bytes over its shards.
-Each call is one pipelined round trip, however many tensors a message has.
+Each call's commands go out together (``broker.redis_pipe``: one write per master, however
+many tensors a message has), a tensor handed to the socket uncopied: redis-py's packer
+copies it, at 4.5 ms for 4 MB.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import Sequence
 
-
 from broker import channels
 from broker.claims.store import claim_id, process_tag
 from broker.errors import ClaimMissing, translated
+from broker.redis_pipe import pipes_for
 from broker.redis_url import REDIS_ERRORS, async_client
 
 
@@ -25,6 +28,7 @@ class RedisClaims:
 
     def __init__(self, url: str, prefix: str = channels.PREFIX) -> None:
         self._redis = async_client(url)
+        self._pipes = pipes_for(self._redis)
         self._prefix = prefix
         self.owner = process_tag()
 
@@ -41,23 +45,17 @@ class RedisClaims:
         """``owner`` is not kept: every blob has a TTL, and Redis does not know which processes live."""
         claims = [f"{self.scheme}:{uuid.uuid4().hex}" for _ in blobs]
         ttl_ms = max(1, int(ttl_s * 1000))
+        keys = [self._key(claim) for claim in claims]
         with translated(REDIS_ERRORS, "redis claims"):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for claim, blob in zip(claims, blobs):
-                    pipe.set(self._key(claim), blob, px=ttl_ms)
-                await pipe.execute()
+            await asyncio.gather(*(self._pipes.call_for(key, "SET", key, blob, "PX", ttl_ms)
+                                   for key, blob in zip(keys, blobs)))
         return claims
 
     async def get(self, claims: Sequence[str], delete: bool = False) -> list[bytes]:
         keys = [self._key(claim) for claim in claims]
+        verb = "GETDEL" if delete else "GET"
         with translated(REDIS_ERRORS, "redis claims"):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    if delete:
-                        pipe.getdel(key)
-                    else:
-                        pipe.get(key)
-                found = await pipe.execute()
+            found = await asyncio.gather(*(self._pipes.call_for(key, verb, key) for key in keys))
         for claim, blob in zip(claims, found):
             if blob is None:
                 raise ClaimMissing(f"claim '{claim}' is gone from Redis (expired, or deleted once answered)")
@@ -68,10 +66,9 @@ class RedisClaims:
             return
         keys = [self._key(claim) for claim in claims]
         with translated(REDIS_ERRORS, "redis claims"):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in keys:  # one DEL per key: in a Redis Cluster they live on different slots
-                    pipe.delete(key)
-                await pipe.execute()
+            # one DEL per key: in a Redis Cluster they live on different slots
+            await asyncio.gather(*(self._pipes.call_for(key, "DEL", key) for key in keys))
 
     async def aclose(self) -> None:
+        await self._pipes.aclose()
         await self._redis.aclose()

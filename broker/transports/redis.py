@@ -33,7 +33,7 @@ from broker.errors import TransportClosed
 from broker.redis_url import REDIS_ERRORS, async_client
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
-from broker.transports.redis_pipe import ClusterPipes, CommandPipe
+from broker.redis_pipe import pipes_for
 
 PAYLOAD_FIELD = b"d"
 # Each header is a field of its own, named "h.<header>".
@@ -102,16 +102,11 @@ class RedisTransport(BaseTransport):
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
         self._reply_and_ack = self._redis.register_script(_REPLY_AND_ACK)
         # The commands of every request (a publish; a reply and an ack) go out together with
-        # those due at the same time (broker.transports.redis_pipe): on one connection to one
+        # those due at the same time (broker.redis_pipe): on one connection to one
         # server, on one per master of a cluster. On one server, reads skip redis-py's command
         # layer too (_xreadgroup).
-        self._pool: ConnectionPool | None = None
-        self._pipes: CommandPipe | ClusterPipes
-        if isinstance(self._redis, RedisCluster):
-            self._pipes = ClusterPipes(self._redis)
-        else:
-            self._pool = self._redis.connection_pool
-            self._pipes = CommandPipe(self._pool)
+        self._pipes = pipes_for(self._redis)
+        self._pool = None if isinstance(self._redis, RedisCluster) else self._redis.connection_pool
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
                       headers: Headers = ()) -> str:
@@ -136,9 +131,7 @@ class RedisTransport(BaseTransport):
 
     async def _command(self, key: str, *command: Any) -> Any:
         """A command that never blocks, on ``key``, sent together with those due at the same time."""
-        if isinstance(self._pipes, ClusterPipes):
-            return await self._pipes.call(key, *command)
-        return await self._pipes.call(*command)
+        return await self._pipes.call_for(key, *command)
 
     async def fetch_first(
         self, channels: Sequence[str], group: str, consumer: str, max_count: int, timeout_s: float

@@ -1,4 +1,4 @@
-"""broker.transports.redis_pipe on a real redis-server: commands asked for together go out in
+"""broker.redis_pipe on a real redis-server: commands asked for together go out in
 one write and each caller gets its own reply; an error reply is its command's alone; a server
 restarted between writes is reconnected to, and one gone for good fails its callers at once."""
 
@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from broker.transports.redis_pipe import LARGE_ARGUMENT_BYTES, CommandPipe, pack
+from broker.redis_pipe import LARGE_ARGUMENT_BYTES, CommandPipe, pack
 from tests.redis_server import RedisServer
 
 

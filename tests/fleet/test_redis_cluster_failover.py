@@ -20,7 +20,7 @@ import pytest
 
 from broker import channels
 from broker.redis_url import async_client
-from broker.transports.redis_pipe import ClusterPipes
+from broker.redis_pipe import ClusterPipes
 from tests.fleet.processes import Fleet, Gateway, wait_for
 from tests.models import recorded_values, write_recording_model
 from tests.redis_cluster import RedisCluster
@@ -148,7 +148,7 @@ def test_a_command_meeting_ask_while_its_slot_moves_runs_once_on_the_new_master(
 
 
 def test_commands_go_to_each_master_together_and_follow_a_slot_that_moved(cluster: RedisCluster) -> None:
-    # broker.transports.redis_pipe.ClusterPipes: one write per master for the commands due at once;
+    # broker.redis_pipe.ClusterPipes: one write per master for the commands due at once;
     # a command its master no longer serves (ASK while the slot moves, MOVED after) goes through the
     # cluster client, and the next one to the new master's pipe.
     masters = cluster.masters()
@@ -162,16 +162,16 @@ def test_commands_go_to_each_master_together_and_follow_a_slot_that_moved(cluste
         pipes = ClusterPipes(client)  # type: ignore[arg-type]
         try:
             await client.ping()  # the client maps the slots
-            await asyncio.gather(*(pipes.call(key, "XADD", key, "*", "n", str(n))
+            await asyncio.gather(*(pipes.call_for(key, "XADD", key, "*", "n", str(n))
                                    for n in range(10) for key in keys))
             together = pipes.round_trips
             move = await asyncio.to_thread(cluster.migrate_keys_of, moving, target)
             hand_over = asyncio.create_task(asyncio.to_thread(lambda: (time.sleep(0.3), cluster.hand_over(move))))
-            await pipes.call(moving, "XADD", moving, "*", "n", "asked")  # ASK from the old master
+            await pipes.call_for(moving, "XADD", moving, "*", "n", "asked")  # ASK from the old master
             await hand_over
             before = pipes.round_trips
-            await pipes.call(moving, "XADD", moving, "*", "n", "moved")  # MOVED from the old master
-            await pipes.call(moving, "XADD", moving, "*", "n", "there")  # to the new master's pipe
+            await pipes.call_for(moving, "XADD", moving, "*", "n", "moved")  # MOVED from the old master
+            await pipes.call_for(moving, "XADD", moving, "*", "n", "there")  # to the new master's pipe
             entries = await client.xrange(moving)
             return together, before, pipes.round_trips, [fields[b"n"] for _, fields in entries]
         finally:

@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import ConnectionPool, RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
     AskError, ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, ResponseError,
@@ -50,7 +50,7 @@ LARGE_ARGUMENT_BYTES = 16 * 1024
 
 
 class CommandPipe:
-    """Owned by one transport; ``aclose`` before the pool it was given is closed."""
+    """Owned by one client's user (a transport, a store); ``aclose`` before the pool it was given is closed."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
@@ -71,6 +71,10 @@ class CommandPipe:
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_all(), name="redis-pipe")
         return await future
+
+    async def call_for(self, key: str, *command: Any) -> Any:
+        """``call``; one server holds every key (as ``ClusterPipes.call_for`` takes it)."""
+        return await self.call(*command)
 
     async def aclose(self) -> None:
         """Fail what waits, stop sending, and close the connection."""
@@ -217,7 +221,8 @@ class ClusterPipes:
         """Writes sent through each master's pipe (not through the cluster client), by "host:port"."""
         return {name: pipe.round_trips for name, (pipe, _) in self._pipes.items()}
 
-    async def call(self, key: str, *command: Any) -> Any:
+    async def call_for(self, key: str, *command: Any) -> Any:
+        """The reply to ``command``, which names ``key`` (and only keys on its slot)."""
         pipe = self._pipe_for(key)
         if pipe is not None:
             try:
@@ -248,3 +253,11 @@ class ClusterPipes:
             pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
             held = self._pipes[node.name] = (CommandPipe(pool), pool)
         return held[0]
+
+
+def pipes_for(client: Redis | RedisCluster) -> CommandPipe | ClusterPipes:
+    """The pipes for a client of ``broker.redis_url``: one, or one per master of a cluster;
+    either takes ``call_for(key, *command)``. Close them before the client."""
+    if isinstance(client, RedisCluster):
+        return ClusterPipes(client)
+    return CommandPipe(client.connection_pool)
