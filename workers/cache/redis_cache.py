@@ -2,13 +2,15 @@
 Redis cache too). One key per answer, ``<prefix>.cache.<hex digest>``, with no
 hash tag, so a Redis Cluster spreads them; an optional TTL; what Redis evicts
 under ``maxmemory`` is Redis's policy. A Redis that cannot be reached makes a
-miss, logged, never a failed request."""
+miss, logged, never a failed request. Lookups and stores go out with those due at the
+same time (``broker.redis_pipe``), an answer's bytes uncopied."""
 
 from __future__ import annotations
 
 import structlog
 
 from broker import channels
+from broker.redis_pipe import pipes_for
 from broker.redis_url import REDIS_ERRORS, async_client
 
 log = structlog.get_logger("ferry.cache")
@@ -19,6 +21,7 @@ class RedisCache:
 
     def __init__(self, url: str, ttl_s: float = 0.0, prefix: str = channels.PREFIX) -> None:
         self._redis = async_client(url)
+        self._pipes = pipes_for(self._redis)
         self._ttl_ms = int(ttl_s * 1000) if ttl_s > 0 else None
         self._prefix = prefix
 
@@ -27,7 +30,8 @@ class RedisCache:
 
     async def get(self, key: bytes) -> bytes | None:
         try:
-            found = await self._redis.get(self.key(key))
+            name = self.key(key)
+            found = await self._pipes.call_for(name, "GET", name)
         except REDIS_ERRORS as exc:
             log.warning("cache.unreadable", kind=self.kind, error=str(exc))
             return None
@@ -35,9 +39,12 @@ class RedisCache:
 
     async def put(self, key: bytes, value: bytes) -> None:
         try:
-            await self._redis.set(self.key(key), value, px=self._ttl_ms)
+            name = self.key(key)
+            expiry = ("PX", self._ttl_ms) if self._ttl_ms is not None else ()
+            await self._pipes.call_for(name, "SET", name, value, *expiry)
         except REDIS_ERRORS as exc:
             log.warning("cache.unwritable", kind=self.kind, error=str(exc))
 
     async def aclose(self) -> None:
+        await self._pipes.aclose()
         await self._redis.aclose()
