@@ -36,11 +36,11 @@ DEFAULT_PORT = 6379
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 
 AsyncRedis = aioredis.Redis | aioredis.RedisCluster
+SyncRedis = redis.Redis | redis.RedisCluster
 # How long a cluster command is tried again while its slot is being moved (see SlotMoveTolerantCluster).
 SLOT_MOVE_WAIT_S = 10.0
 SLOT_MOVE_FIRST_PAUSE_S = 0.005
 SLOT_MOVE_LONGEST_PAUSE_S = 0.2
-SyncRedis = redis.Redis | redis.RedisCluster
 
 
 class RedisUrlError(BrokerError):

@@ -1,10 +1,11 @@
 """A Redis Cluster changing under load: a slot moved to another master, and a master
 SIGKILLed, its replica taking over; the fleet rides both out. First, ferry's cluster client
-alone: a command that meets ASK while a slot moves runs once, on the slot's new master. For the kill, 2,000
-synchronous requests and 50 async jobs go through a gateway to two workers on a three-master
-cluster; once a third of the requests are answered, the master holding the model's request
-stream is killed. Every request gets exactly one answer (its own, right) or a clear error,
-none waits out a timeout, and every accepted job reaches a final state."""
+and its pipes alone: a command that meets ASK while a slot moves runs once, on the slot's new
+master, and the pipes follow the slot. For the kill, 2,000 synchronous requests and 50 async
+jobs go through a gateway to two workers on a three-master cluster; once a third of the
+requests are answered, the master holding the model's request stream is killed. Every request
+gets exactly one answer (its own, right) or a clear error, none waits out a timeout, and every
+accepted job reaches a final state."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import httpx
 import pytest
 
 from broker import channels
-from broker.redis_url import async_client
 from broker.redis_pipe import ClusterPipes
+from broker.redis_url import async_client
 from tests.fleet.processes import Fleet, Gateway, wait_for
 from tests.models import recorded_values, write_recording_model
 from tests.redis_cluster import RedisCluster
