@@ -65,6 +65,34 @@ async def test_instances_run_batches_concurrently():
     assert peak == 3
 
 
+async def test_the_next_batch_starts_before_the_requests_of_the_last_one_wake():
+    # With the instance free and a batch's worth queued, the model must not wait while each
+    # request of the batch that just ran is answered.
+    events: list[str] = []
+    computing = asyncio.Event()
+
+    async def run(items):
+        events.append(f"start {list(items)}")
+        if items[0] == 0:
+            await computing.wait()
+        return list(items)
+
+    async def request(value: int) -> None:
+        await batcher.submit(value)
+        events.append(f"answered {value}")
+
+    batcher = DynamicBatcher(run, BatchPolicy(2))
+    await batcher.start()
+    first = [asyncio.create_task(request(v)) for v in (0, 1)]
+    await asyncio.sleep(0.01)  # the first batch is running
+    second = [asyncio.create_task(request(v)) for v in (2, 3)]
+    await asyncio.sleep(0.01)  # and the second one queued
+    computing.set()
+    await asyncio.gather(*first, *second)
+    await batcher.aclose()
+    assert events[:3] == ["start [0, 1]", "start [2, 3]", "answered 0"], events
+
+
 async def test_a_request_past_its_deadline_never_reaches_the_model():
     run = Recorder(delay=0.05)
     batcher = DynamicBatcher(run, BatchPolicy(0), concurrency=1)
