@@ -103,32 +103,24 @@ class DynamicBatcher(Generic[T, R]):
             await sleep_until(self._queue.next_due(now), self._wakeup, self._clock)
 
     async def _execute(self, batch: list[Pending[tuple[T, asyncio.Future[R]]]]) -> None:
-        released = False
+        self.batches_run += 1
         try:
-            self.batches_run += 1
-            items = [p.item[0] for p in batch]
-            results = await self._results(items)
+            results = await self._results([p.item[0] for p in batch])
+        finally:
             # The instance is free: the next batch is cut and started before this one's requests
             # wake, or the model would wait while each of them is answered (measured: 7-11 ms
             # between a CNN's batches of 32, every one of the next batch's requests queued).
-            released = True
-            self._free_slot()
-            try:
-                await asyncio.sleep(0)
-            finally:
-                for pending, result in zip(batch, results):
-                    future = pending.item[1]
-                    if isinstance(result, BaseException):
-                        _fail(future, result)
-                    elif not future.done():
-                        future.set_result(result)
+            self._slots.release()
+            self._wakeup.set()
+        try:
+            await asyncio.sleep(0)
         finally:
-            if not released:
-                self._free_slot()
-
-    def _free_slot(self) -> None:
-        self._slots.release()
-        self._wakeup.set()
+            for pending, result in zip(batch, results):
+                future = pending.item[1]
+                if isinstance(result, BaseException):
+                    _fail(future, result)
+                elif not future.done():
+                    future.set_result(result)
 
     async def _results(self, items: list[T]) -> Sequence[R | BaseException]:
         try:
