@@ -2,8 +2,8 @@
 
 Keys carry no hash tag, so a Redis Cluster spreads the bytes over its shards.
 Each call's commands go out together (``broker.redis_pipe``: one write per master, however
-many tensors a message has), a tensor handed to the socket uncopied: redis-py's packer
-copies it, at 4.5 ms for 4 MB.
+many tensors a message has), a tensor handed to the socket uncopied on a connection of its
+own, so several go at once: redis-py's packer copies it, at 4.5 ms for 4 MB.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class RedisClaims:
 
     def __init__(self, url: str, prefix: str = channels.PREFIX) -> None:
         self._redis = async_client(url)
-        self._pipes = pipes_for(self._redis)
+        self._pipes = pipes_for(self._redis, large_alone=True)  # tensors wait on no other
         self._prefix = prefix
         self.owner = process_tag()
 

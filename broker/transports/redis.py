@@ -26,14 +26,14 @@ from typing import Any
 
 from redis.asyncio import ConnectionPool, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from broker.channels import redis_key
 from broker.errors import TransportClosed
 from broker.redis_url import REDIS_ERRORS, async_client
 from broker.transport import Delivery, Headers
 from broker.transports.base import SETTLE_S, BaseTransport
-from broker.redis_pipe import pipes_for
+from broker.redis_pipe import pipes_for, run_script
 
 PAYLOAD_FIELD = b"d"
 # Each header is a field of its own, named "h.<header>".
@@ -123,11 +123,7 @@ class RedisTransport(BaseTransport):
             return
         args: list[bytes | str] = [delivery.group, delivery.message_id, *_flat(_fields(payload, headers))]
         with self._guarded():
-            script = self._reply_and_ack
-            try:
-                await self._command(reply_key, "EVALSHA", script.sha, 2, reply_key, request_key, *args)
-            except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-                await self._command(reply_key, "EVAL", script.script, 2, reply_key, request_key, *args)
+            await run_script(self._pipes, self._reply_and_ack, (reply_key, request_key), args)
 
     async def _command(self, key: str, *command: Any) -> Any:
         """A command that never blocks, on ``key``, sent together with those due at the same time."""

@@ -1,6 +1,7 @@
 """broker.redis_pipe on a real redis-server: commands asked for together go out in
 one write and each caller gets its own reply; an error reply is its command's alone; a server
-restarted between writes is reconnected to, and one gone for good fails its callers at once."""
+restarted between writes is reconnected to, and one gone for good fails its callers at once;
+a script the server does not know (yet, or since a flush) is sent whole and so cached again."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from broker.redis_pipe import LARGE_ARGUMENT_BYTES, CommandPipe, pack
+from broker.redis_pipe import LARGE_ARGUMENT_BYTES, WRITE_BUDGET_BYTES, CommandPipe, pack, run_script
 from tests.redis_server import RedisServer
 
 
@@ -160,6 +161,33 @@ def test_large_arguments_are_sent_as_they_are_and_arrive_whole(redis_url: str) -
     assert len(tensor) > LARGE_ARGUMENT_BYTES
 
 
+def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone(redis_url: str) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+    tensors = [bytes([n]) * (WRITE_BUDGET_BYTES + 1) for n in range(4)]
+
+    async def scenario() -> tuple[list[object], object, int, int]:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool, large_alone=True)
+        try:
+            await pipe.call("HSET", key + ".hash", "f", "v")
+            wrote = await asyncio.gather(*(pipe.call("SET", f"{key}.{n}", t) for n, t in enumerate(tensors)),
+                                         pipe.call("SET", key, "small"),
+                                         pipe.call("APPEND", key + ".hash", tensors[0]), return_exceptions=True)
+            stored = [await pipe.call("GET", f"{key}.{n}") for n in range(len(tensors))]
+            return [*wrote, stored], await pipe.call("GET", key), pipe.round_trips, len(pool._available_connections)
+        finally:
+            await pipe.call("DEL", key, key + ".hash", *(f"{key}.{n}" for n in range(len(tensors))))
+            await pipe.aclose()
+            await pool.aclose()
+
+    results, small, round_trips, pooled = asyncio.run(scenario())
+    *wrote, wrong_type, stored = results
+    assert wrote == [b"OK"] * 5 and small == b"small" and stored == tensors
+    assert isinstance(wrong_type, ResponseError) and "WRONGTYPE" in str(wrong_type)  # its own error, no other's
+    assert round_trips == 7  # HSET, the small SET, 5 GETs: the large commands went beside the pipe
+    assert pooled >= 2  # on connections of their own, at once
+
+
 def test_a_memoryview_of_wider_items_is_sent_as_its_bytes(redis_url: str) -> None:
     key = f"ferry.test.pipe.{uuid.uuid4().hex}"
     values = array.array("i", range(10_000))  # 40,000 bytes, 10,000 items
@@ -184,3 +212,26 @@ def test_a_memoryview_of_wider_items_is_sent_as_its_bytes(redis_url: str) -> Non
 def test_an_argument_redis_cannot_take_is_refused_by_its_type() -> None:
     with pytest.raises(TypeError, match="float"):
         pack([("INCRBYFLOAT", "k", 1.5)])
+
+
+def test_a_script_the_server_does_not_know_is_sent_whole_and_then_known(own_server: RedisServer) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+
+    async def scenario() -> list[object]:
+        client = aioredis.Redis.from_url(own_server.url, protocol=2)
+        pipe = CommandPipe(client.connection_pool)
+        script = client.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        try:
+            seen: list[object] = [await client.script_exists(script.sha)]
+            seen.append(await run_script(pipe, script, (key,), (5,)))  # a server never told it
+            seen.append(await client.script_exists(script.sha))
+            await client.script_flush()
+            seen.append(await run_script(pipe, script, (key,), (2,)))  # one that forgot it
+            seen.append(await run_script(pipe, script, (key,), (1,)))  # and knows it again
+            seen.append(await client.script_exists(script.sha))
+            return seen
+        finally:
+            await pipe.aclose()
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [[False], 5, [True], 7, 8, [True]]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 import redis.asyncio as aioredis
@@ -317,6 +318,24 @@ async def test_the_redis_store_expires_its_keys_after_the_ttl(redis_url):
         finally:
             await client.aclose()
     assert 0 < ttl_ms <= 30_000
+
+
+async def test_the_redis_store_keeps_a_4_mb_result_and_outlives_a_script_flush(redis_url):
+    flushdb(redis_url)
+    result = np.random.default_rng(7).bytes(4 << 20)
+    async with RedisJobStore(redis_url, ttl_s=30) as store:
+        await store.create(a_job())
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.script_flush()  # as a restarted server's cache is empty
+        finally:
+            await client.aclose()
+        assert await store.finish("a" * 32, JobStatus.SUCCEEDED, result)
+        assert not await store.begin("a" * 32)
+        finished = await store.get("a" * 32)
+        await store.discard("a" * 32)
+        assert await store.get("a" * 32) is None
+    assert finished is not None and finished.status == JobStatus.SUCCEEDED and finished.result == result
 
 
 async def test_the_job_store_follows_the_broker_url(redis_url):
