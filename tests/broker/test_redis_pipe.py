@@ -15,7 +15,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from broker.redis_pipe import LARGE_ARGUMENT_BYTES, WRITE_BUDGET_BYTES, CommandPipe, pack, run_script
+from broker.redis_pipe import (
+    ALONE_BELOW_BYTES, LARGE_ARGUMENT_BYTES, WRITE_BUDGET_BYTES, CommandPipe, pack, run_script,
+)
 from tests.redis_server import RedisServer
 
 
@@ -161,7 +163,7 @@ def test_large_arguments_are_sent_as_they_are_and_arrive_whole(redis_url: str) -
     assert len(tensor) > LARGE_ARGUMENT_BYTES
 
 
-def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone(redis_url: str) -> None:
+def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone_the_largest_in_it(redis_url: str) -> None:
     key = f"ferry.test.pipe.{uuid.uuid4().hex}"
     tensors = [bytes([n]) * (WRITE_BUDGET_BYTES + 1) for n in range(4)]
 
@@ -170,13 +172,14 @@ def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone(redi
         pipe = CommandPipe(pool, large_alone=True)
         try:
             await pipe.call("HSET", key + ".hash", "f", "v")
+            await pipe.call("SET", key + ".huge", b"h" * ALONE_BELOW_BYTES)  # too large to go alone: in the pipe
             wrote = await asyncio.gather(*(pipe.call("SET", f"{key}.{n}", t) for n, t in enumerate(tensors)),
                                          pipe.call("SET", key, "small"),
                                          pipe.call("APPEND", key + ".hash", tensors[0]), return_exceptions=True)
             stored = [await pipe.call("GET", f"{key}.{n}") for n in range(len(tensors))]
             return [*wrote, stored], await pipe.call("GET", key), pipe.round_trips, len(pool._available_connections)
         finally:
-            await pipe.call("DEL", key, key + ".hash", *(f"{key}.{n}" for n in range(len(tensors))))
+            await pipe.call("DEL", key, key + ".hash", key + ".huge", *(f"{key}.{n}" for n in range(len(tensors))))
             await pipe.aclose()
             await pool.aclose()
 
@@ -184,7 +187,7 @@ def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone(redi
     *wrote, wrong_type, stored = results
     assert wrote == [b"OK"] * 5 and small == b"small" and stored == tensors
     assert isinstance(wrong_type, ResponseError) and "WRONGTYPE" in str(wrong_type)  # its own error, no other's
-    assert round_trips == 7  # HSET, the small SET, 5 GETs: the large commands went beside the pipe
+    assert round_trips == 8  # HSET, the 1 MB SET, the small SET, 5 GETs: the large commands went beside the pipe
     assert pooled >= 2  # on connections of their own, at once
 
 
