@@ -57,8 +57,8 @@ WRITE_BUDGET_BYTES = 64 * 1024
 LARGE_ARGUMENT_BYTES = 16 * 1024
 # With ``large_alone``, a command past the write budget and under this goes out on a connection of
 # its own; a larger one waits its turn in the pipe. Measured with 16 tasks storing jobs' results
-# on 2 cores: 301 KB ones at once, 1.4x the jobs/s of one after another; 4 MB ones at once, 0.7x
-# (Redis spent a third more CPU on each, reading many at a time).
+# on 2 cores (benchmarks/bench_job_store.py): 301 KB ones at once, 1.3-1.4x the jobs/s of one after
+# another; 4 MB ones at once, 0.7-0.8x (Redis spent 40-75% more CPU on each, reading many at a time).
 ALONE_BELOW_BYTES = 1024 * 1024
 
 
@@ -106,13 +106,12 @@ class CommandPipe:
             self._connection = None
 
     async def _alone(self, command: Command) -> Any:
-        """A command past the write budget (and under ``ALONE_BELOW_BYTES``), on a pooled connection
-        of its own: it neither waits for the pipe's round trips nor holds them up while the socket
-        takes it, and several go out at once (so one is not ordered after another asked for
-        earlier but not awaited).
-        Packed as the pipe packs, its bytes uncopied. Where most commands are small and CPU is
-        short, as in a transport's, this costs more than it saves (a pool's check and hand-over
-        per command): measured, a 301 KB request over Redis took 5-8% more CPU of ferry's
+        """A command past the write budget (and under ``ALONE_BELOW_BYTES``), on a pooled connection of its
+        own: it neither waits for the pipe's round trips nor holds them up while the socket takes
+        it, and several go out at once (so one is not ordered after another asked for earlier but
+        not awaited). Packed as the pipe packs, its bytes uncopied. Where most commands are small
+        and CPU is short, as in a transport's, this costs more than it saves (a pool's check and
+        hand-over per command): measured, a 301 KB request over Redis took 5-8% more CPU of ferry's
         processes. Where large values wait on one another, a job store's results, it saves."""
         connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
 
