@@ -20,10 +20,11 @@ own command.
 
 A store of large values (claim-checked tensors, jobs' results) asks for ``large_alone``: a
 command past the write budget and under ``ALONE_BELOW_BYTES`` then goes out on a pooled
-connection of its own, at once, instead of waiting in line (``CommandPipe._alone``). Commands
-asked for at once are then not ordered with respect to such a one; a caller that needs an order
-awaits each in turn. Scripts run through ``run_script`` (EVALSHA, EVAL where the server does
-not know them).
+connection of its own, at once, instead of waiting in line (``CommandPipe._alone``; up to
+``ALONE_AT_ONCE`` at a time, the next waiting for one of them), and so does a command asked for
+with ``alone=True``, one whose reply may be large. Commands asked for at once are then not
+ordered with respect to such a one; a caller that needs an order awaits each in turn. Scripts
+run through ``run_script`` (EVALSHA, EVAL where the server does not know them).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ LARGE_ARGUMENT_BYTES = 16 * 1024
 # on 2 cores (benchmarks/bench_job_store.py): 301 KB ones at once, 1.3-1.4x the jobs/s of one after
 # another; 4 MB ones at once, 0.7-0.8x (Redis spent 40-75% more CPU on each, reading many at a time).
 ALONE_BELOW_BYTES = 1024 * 1024
+# At most this many commands of a pipe out alone at once, each on a pooled connection: the next
+# waits for one of them to finish, so a burst opens no more connections than this. (8, with the
+# next ones sent in the pipe instead, gave 16 tasks storing 301 KB results 0.75-0.8x the jobs/s.)
+ALONE_AT_ONCE = 32
 
 
 class CommandPipe:
@@ -68,6 +73,7 @@ class CommandPipe:
     def __init__(self, pool: ConnectionPool, large_alone: bool = False) -> None:
         self._pool = pool
         self._large_alone = large_alone  # a command past the write budget on a pooled connection (``_alone``)
+        self._alone_slots = asyncio.Semaphore(ALONE_AT_ONCE)  # commands out alone at once (``_alone``)
         self._connection: AbstractConnection | None = None
         self._queue: list[_Waiting] = []
         self._sizes: list[int] = []  # each queued command's argument bytes
@@ -75,12 +81,14 @@ class CommandPipe:
         self._closed = False
         self.round_trips = 0  # writes sent, each with every command queued by then
 
-    async def call(self, *command: Any) -> Any:
-        """The reply to ``command``; an error reply raises as redis-py raises it."""
+    async def call(self, *command: Any, alone: bool = False) -> Any:
+        """The reply to ``command``; an error reply raises as redis-py raises it. ``alone``: on a
+        connection of its own (``_alone``), for a command whose reply may be large (a GET of a
+        tensor), which would hold up the replies behind it."""
         if self._closed:
             raise RedisConnectionError("the command pipe is closed")
         size = sum(_size(part) for part in command)
-        if self._large_alone and WRITE_BUDGET_BYTES < size < ALONE_BELOW_BYTES:
+        if alone or (self._large_alone and WRITE_BUDGET_BYTES < size < ALONE_BELOW_BYTES):
             return await self._alone(command)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((command, future))
@@ -89,9 +97,9 @@ class CommandPipe:
             self._sender = asyncio.create_task(self._send_all(), name="redis-pipe")
         return await future
 
-    async def call_for(self, key: str, *command: Any) -> Any:
+    async def call_for(self, key: str, *command: Any, alone: bool = False) -> Any:
         """``call``; one server holds every key (as ``ClusterPipes.call_for`` takes it)."""
-        return await self.call(*command)
+        return await self.call(*command, alone=alone)
 
     async def aclose(self) -> None:
         """Fail what waits, stop sending, and close the connection."""
@@ -106,29 +114,31 @@ class CommandPipe:
             self._connection = None
 
     async def _alone(self, command: Command) -> Any:
-        """A command past the write budget (and under ``ALONE_BELOW_BYTES``), on a pooled connection of its
-        own: it neither waits for the pipe's round trips nor holds them up while the socket takes
-        it, and several go out at once (so one is not ordered after another asked for earlier but
-        not awaited). Packed as the pipe packs, its bytes uncopied. Where most commands are small
-        and CPU is short, as in a transport's, this costs more than it saves (a pool's check and
-        hand-over per command): measured, a 301 KB request over Redis took 5-8% more CPU of ferry's
-        processes. Where large values wait on one another, a job store's results, it saves."""
-        connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        """A command on a pooled connection of its own (a large one, or one asked for ``alone``), up to
+        ``ALONE_AT_ONCE`` at a time: it neither waits for the pipe's round trips nor holds them up
+        while the socket takes it or its reply, and several go out at once (so one is not ordered
+        after another asked for earlier but not awaited). Packed as the pipe packs, its bytes
+        uncopied. Where most commands are small and CPU is short, as in a transport's, this costs
+        more than it saves (a pool's check and hand-over per command): measured, a 301 KB request
+        over Redis took 5-8% more CPU of ferry's processes. Where large values wait on one another,
+        a store's, it saves."""
+        async with self._alone_slots:
+            connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
 
-        async def once() -> Any:
-            await connection.send_packed_command(pack([command]), check_health=False)
-            return await connection.read_response()
+            async def once() -> Any:
+                await connection.send_packed_command(pack([command]), check_health=False)
+                return await connection.read_response()
 
-        async def dropped(_error: Exception) -> None:
-            await connection.disconnect()
+            async def dropped(_error: Exception) -> None:
+                await connection.disconnect()
 
-        try:
-            return await connection.retry.call_with_retry(once, dropped)
-        except (asyncio.CancelledError, RedisConnectionError, RedisTimeoutError):
-            await connection.disconnect(nowait=True)  # a reply may still come: not for the next user
-            raise
-        finally:
-            await self._pool.release(connection)
+            try:
+                return await connection.retry.call_with_retry(once, dropped)
+            except (asyncio.CancelledError, RedisConnectionError, RedisTimeoutError):
+                await connection.disconnect(nowait=True)  # a reply may still come: not for the next user
+                raise
+            finally:
+                await self._pool.release(connection)
 
     async def _send_all(self) -> None:
         try:
@@ -264,12 +274,13 @@ class ClusterPipes:
         """Writes sent through each master's pipe (not through the cluster client), by "host:port"."""
         return {name: pipe.round_trips for name, (pipe, _) in self._pipes.items()}
 
-    async def call_for(self, key: str, *command: Any) -> Any:
-        """The reply to ``command``, which names ``key`` (and only keys on its slot)."""
+    async def call_for(self, key: str, *command: Any, alone: bool = False) -> Any:
+        """The reply to ``command``, which names ``key`` (and only keys on its slot); ``alone``: as
+        ``CommandPipe.call`` takes it."""
         pipe = self._pipe_for(key)
         if pipe is not None:
             try:
-                return await pipe.call(*command)
+                return await pipe.call(*command, alone=alone)
             except _ELSEWHERE:
                 pass
         return await self._cluster.execute_command(*command)

@@ -4,6 +4,7 @@ Keys carry no hash tag, so a Redis Cluster spreads the bytes over its shards.
 Each call's commands go out together (``broker.redis_pipe``: one write per master, however
 many tensors a message has), a tensor handed to the socket uncopied (one under 1 MB on a
 connection of its own, so several go at once): redis-py's packer copies it, at 4.5 ms for 4 MB.
+A tensor is read on a connection of its own too, so that its bytes hold up no other reply.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class RedisClaims:
         keys = [self._key(claim) for claim in claims]
         verb = "GETDEL" if delete else "GET"
         with translated(REDIS_ERRORS, "redis claims"):
-            found = await asyncio.gather(*(self._pipes.call_for(key, verb, key) for key in keys))
+            found = await asyncio.gather(*(self._pipes.call_for(key, verb, key, alone=True) for key in keys))
         for claim, blob in zip(claims, found):
             if blob is None:
                 raise ClaimMissing(f"claim '{claim}' is gone from Redis (expired, or deleted once answered)")

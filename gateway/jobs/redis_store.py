@@ -10,7 +10,8 @@ Redis errors leave as ``broker.errors.TransportError``.
 
 The commands go out with those due at the same time (``broker.redis_pipe``), a
 result's bytes written uncopied (one under 1 MB on a connection of its own):
-redis-py's own packer copies a 4 MB result for about 4.5 ms of CPU.
+redis-py's own packer copies a 4 MB result for about 4.5 ms of CPU. A job is
+read on a connection of its own, so that its result holds up no other reply.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class RedisJobStore:
     async def get(self, job_id: str) -> Job | None:
         key = channels.job_key(job_id, self._prefix)
         with translated(REDIS_ERRORS, "redis"):
-            fields = _fields(await self._pipes.call_for(key, "HGETALL", key))
+            fields = _fields(await self._pipes.call_for(key, "HGETALL", key, alone=True))  # a result
         if b"meta" not in fields:
             return None
         status = JobStatus(fields.get(b"status", b"queued").decode())

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from broker.redis_pipe import (
-    ALONE_BELOW_BYTES, LARGE_ARGUMENT_BYTES, WRITE_BUDGET_BYTES, CommandPipe, pack, run_script,
+    ALONE_AT_ONCE, ALONE_BELOW_BYTES, LARGE_ARGUMENT_BYTES, WRITE_BUDGET_BYTES, CommandPipe, pack, run_script,
 )
 from tests.redis_server import RedisServer
 
@@ -177,7 +177,8 @@ def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone_the_
                                          pipe.call("SET", key, "small"),
                                          pipe.call("APPEND", key + ".hash", tensors[0]), return_exceptions=True)
             stored = [await pipe.call("GET", f"{key}.{n}") for n in range(len(tensors))]
-            return [*wrote, stored], await pipe.call("GET", key), pipe.round_trips, len(pool._available_connections)
+            small = await pipe.call("GET", key, alone=True)  # asked to go alone: beside the pipe too
+            return [*wrote, stored], small, pipe.round_trips, len(pool._available_connections)
         finally:
             await pipe.call("DEL", key, key + ".hash", key + ".huge", *(f"{key}.{n}" for n in range(len(tensors))))
             await pipe.aclose()
@@ -187,8 +188,30 @@ def test_large_commands_alone_go_out_at_once_beside_the_pipe_and_fail_alone_the_
     *wrote, wrong_type, stored = results
     assert wrote == [b"OK"] * 5 and small == b"small" and stored == tensors
     assert isinstance(wrong_type, ResponseError) and "WRONGTYPE" in str(wrong_type)  # its own error, no other's
-    assert round_trips == 8  # HSET, the 1 MB SET, the small SET, 5 GETs: the large commands went beside the pipe
+    assert round_trips == 7  # HSET, the 1 MB SET, the small SET, 4 GETs: the large commands went beside the pipe
     assert pooled >= 2  # on connections of their own, at once
+
+
+def test_no_more_large_commands_go_alone_at_once_than_the_bound(redis_url: str) -> None:
+    key = f"ferry.test.pipe.{uuid.uuid4().hex}"
+    tensors = [bytes([n]) * (WRITE_BUDGET_BYTES + 1) for n in range(3 * ALONE_AT_ONCE)]
+
+    async def scenario() -> tuple[list[object], int, int]:
+        pool = pool_for(redis_url)
+        pipe = CommandPipe(pool, large_alone=True)
+        try:
+            await asyncio.gather(*(pipe.call("SET", f"{key}.{n}", t) for n, t in enumerate(tensors)))
+            pooled, sent = len(pool._available_connections), pipe.round_trips
+            return await pipe.call("MGET", *(f"{key}.{n}" for n in range(len(tensors)))), pooled, sent
+        finally:
+            await pipe.call("DEL", *(f"{key}.{n}" for n in range(len(tensors))))
+            await pipe.aclose()
+            await pool.aclose()
+
+    stored, pooled, round_trips = asyncio.run(scenario())
+    assert stored == tensors
+    assert pooled == ALONE_AT_ONCE  # the later ones waited for a connection of the first ones
+    assert round_trips == 0  # and none went through the pipe
 
 
 def test_a_memoryview_of_wider_items_is_sent_as_its_bytes(redis_url: str) -> None:
