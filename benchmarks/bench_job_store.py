@@ -21,7 +21,6 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,13 +38,12 @@ from benchmarks.window import Window, WindowOptions  # noqa: E402
 from broker import channels  # noqa: E402
 from gateway.jobs import Job, JobStatus, RedisJobStore  # noqa: E402
 from gateway.jobs.job import Rendering, encode_meta  # noqa: E402
-from gateway.jobs.redis_store import _MOVE  # noqa: E402
+from gateway.jobs.redis_store import _MOVE, _UNFINISHED  # noqa: E402
 from gateway.v2_codec import RequestedOutput  # noqa: E402
 
 WINDOWS = WindowOptions(full=Window(duration_s=4.0, warmup_s=1.0), quick=Window(duration_s=1.0, warmup_s=0.3))
 SIZES = {"small": 64, "large": 3 * 224 * 224 * 2, "huge": 4 << 20}
 TTL_MS = 60_000
-_UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
 
 class RedisPyJobs:
@@ -128,9 +126,8 @@ async def run_jobs(store: Any, result: bytes, concurrency: int, window: Window,
 
 
 async def measure(kind: str, url: str, size: str, concurrency: int, window: Window, server_pid: int) -> Row:
-    opened: Callable[[], Any] = (lambda: RedisJobStore(url, ttl_s=TTL_MS / 1000)) if kind == "ferry" \
-        else (lambda: RedisPyJobs(url))
-    store = opened()
+    store: RedisJobStore | RedisPyJobs = RedisJobStore(url, ttl_s=TTL_MS / 1000) if kind == "ferry" \
+        else RedisPyJobs(url)
     try:
         result = bytes(range(256)) * (SIZES[size] // 256) + b"x" * (SIZES[size] % 256)
         jobs, wall, cpu, server_s = await run_jobs(store, result, concurrency, window, server_pid)
