@@ -8,6 +8,10 @@ acked and dropped, so a client sees exactly one reply per request.
 
 A streamed request (a decoupled model may answer 0..N times) waits on a
 queue instead of a future: every reply goes into it until the final one.
+
+A request recorded with ``sent`` is looked for in its channel when the broker
+is back after a failure, until its first reply (``broker.lost_requests``): one
+the broker lost is sent again, or answered with an error, not left hanging.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from broker import channels
 from broker.claims.check import Claims, NoClaims
 from broker.envelope import ErrorInfo, Response, decode_response
 from broker.errors import BrokerError, EnvelopeError
+from broker.lost_requests import Resend, SentLedger
 from broker.reader import ChannelReader
 from broker.transport import Delivery, Transport
 
@@ -39,15 +44,17 @@ class ReplyRouter:
         self._claims = claims
         self._waiting: dict[str, asyncio.Future[Response]] = {}
         self._streams: dict[str, asyncio.Queue[Response]] = {}
+        self._ledger = SentLedger(transport, self._deliver)
         self._reader = ChannelReader(transport, self.channel, channels.reply_group(owner_id, prefix),
                                      owner_id, self._route, batch=256, poll_timeout_s=poll_timeout_s,
-                                     exclusive=True)
+                                     exclusive=True, on_back=self._ledger.broker_back)
 
     async def start(self) -> None:
         await self._reader.start()
 
     async def aclose(self) -> None:
         await self._reader.aclose()
+        await self._ledger.aclose()
         for future in self._waiting.values():
             if not future.done():
                 future.cancel()
@@ -63,9 +70,15 @@ class ReplyRouter:
         self._streams[request_id] = queue
         return queue
 
+    def sent(self, request_id: str, channel: str, message_id: str, model: str, resend: Resend | None) -> None:
+        """The request awaited as ``request_id`` is message ``message_id`` of ``channel``;
+        ``resend`` publishes it again, where that is safe (see ``broker.lost_requests``)."""
+        self._ledger.record(request_id, channel, message_id, model, resend)
+
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
         self._streams.pop(request_id, None)
+        self._ledger.forget(request_id)
 
     async def _route(self, delivery: Delivery) -> None:
         try:
@@ -73,7 +86,10 @@ class ReplyRouter:
         except EnvelopeError as exc:
             log.warning("replies.bad_message", channel=self.channel, error=str(exc))
             return
-        response = await self._redeemed(response)
+        self._deliver(await self._redeemed(response))
+
+    def _deliver(self, response: Response) -> None:
+        self._ledger.forget(response.id)
         queue = self._streams.get(response.id)
         if queue is not None:
             if response.final:

@@ -96,3 +96,13 @@ class Reclaiming(Protocol):
 
     async def release(self, delivery: Delivery) -> None:
         """Make an unacked delivery claimable at once, keeping its count."""
+
+
+@runtime_checkable
+class Holding(Protocol):
+    """A transport that can tell whether messages are still in their channel, for a broker
+    that may come back from a failure without messages it had acknowledged (Redis)."""
+
+    async def holds(self, channel: str, message_ids: Sequence[str]) -> list[bool]:
+        """For each of ``message_ids`` (as ``publish`` returned them), whether ``channel`` still
+        holds it: False once it is trimmed after every group acked it, or lost."""

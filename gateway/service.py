@@ -32,6 +32,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from structlog.contextvars import bind_contextvars, reset_contextvars
@@ -134,7 +135,7 @@ class InferenceService:
         answered: Answered = _ignore
         response: Response | None = None
         try:
-            answered = await self._publish_step(request)
+            answered = await self._publish_step(request, resendable=True)
             with self._deadlines.watch():
                 response = await future
         except TimeoutError:
@@ -152,7 +153,7 @@ class InferenceService:
         try:
             request = self.envelope(model, version, parsed, span.trace, self._router.channel, request_id)
             queue = self._router.expect_stream(request.id)
-            answered = await self._publish_step(request)
+            answered = await self._publish_step(request, resendable=False)
         except BaseException as exc:
             self._router.forget(request_id)
             span.end(exc)
@@ -189,18 +190,24 @@ class InferenceService:
     def _no_reply(self, model: str) -> UpstreamTimeout:
         return UpstreamTimeout(f"no reply for model '{model}' within {self._settings.reply_timeout_s:g} s")
 
-    async def _publish_step(self, request: Request) -> Answered:
+    async def _publish_step(self, request: Request, resendable: bool) -> Answered:
         """Publish; for a sequence step on a Redis fleet, in order and to the
-        sequence's session channel once known. Call the result with the reply."""
+        sequence's session channel once known. Call the result with the reply.
+
+        Should the broker lose it, a ``resendable`` request that is no sequence's step is
+        published again; any other is answered with an error (``broker.lost_requests``):
+        a step changes its sequence's state, and a stream's replies would interleave."""
         sequence_id = request.sequence_id
         if self._homes is None or sequence_id is None:
-            await self.publish(request)
+            channel, message_id = await self.publish(request)
+            resend = partial(self._send, channel, request) if resendable and sequence_id is None else None
+            self._router.sent(request.id, channel, message_id, request.model, resend)
             return _ignore
         homes, model = self._homes, request.model
         async with homes.ordered(model, sequence_id):
-            channel = await homes.channel(model, sequence_id)
-            await self.publish(request, channel)
+            channel, message_id = await self.publish(request, await homes.channel(model, sequence_id))
             done = homes.published(model, sequence_id)
+        self._router.sent(request.id, channel, message_id, model, None)
         return lambda response: homes.answered(model, sequence_id, request.sequence_end, response, done)
 
     def envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str] | None,
@@ -215,23 +222,23 @@ class InferenceService:
         entry.config.priority_level(request.priority)  # a level the model lacks is refused here
         return request
 
-    async def publish(self, request: Request, channel: str | None = None) -> None:
-        """Onto the model's request channel, or onto ``channel`` when given."""
+    async def publish(self, request: Request, channel: str | None = None) -> tuple[str, str]:
+        """Onto the model's request channel, or onto ``channel`` when given: that channel,
+        and the message id the broker gave it."""
         config = self.catalog.entry(request.model).config
         channel = channel or channels.request_channel(request.model, self._settings.channel_prefix,
                                                       config.priority_level(request.priority))
         if self._limits is None:
-            await self._send(channel, request)
-            return
+            return channel, await self._send(channel, request)
         async with self._limits.admission(request.model, config):
-            await self._send(channel, request)
+            return channel, await self._send(channel, request)
 
-    async def _send(self, channel: str, request: Request) -> None:
+    async def _send(self, channel: str, request: Request) -> str:
         """Large inputs claim-checked, then the envelope published. Its reply comes back
         claim-checked only where this gateway reads it itself (not a job's)."""
         stashed = await self._claims.stash_request(request, claim_outputs=request.reply_to == self._router.channel)
         try:
-            await self._transport.publish(channel, _encoded(stashed), key=_key(request))
+            return await self._transport.publish(channel, _encoded(stashed), key=_key(request))
         except BaseException:
             with contextlib.suppress(BrokerError):  # else they expire
                 await self._claims.release(stashed)

@@ -154,6 +154,14 @@ class RedisTransport(BaseTransport):
                     return []
                 await asyncio.sleep(min(CROSS_SLOT_POLL_S, left))
 
+    async def holds(self, channel: str, message_ids: Sequence[str]) -> list[bool]:
+        """One XRANGE from each id to itself, all sent together."""
+        stream = redis_key(channel)
+        with self._guarded():
+            found = await asyncio.gather(*(self._command(stream, "XRANGE", stream, mid, mid)
+                                           for mid in message_ids))
+        return [bool(entries) for entries in found]
+
     def _across_slots(self, channels: Sequence[str]) -> bool:
         return self._cluster and len({key_slot(redis_key(channel).encode()) for channel in channels}) > 1
 

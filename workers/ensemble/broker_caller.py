@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from functools import partial
 
 from broker import channels
 from broker.claims.check import Claims, NoClaims
@@ -55,10 +56,17 @@ class BrokerStepCaller:
         future = self._router.expect(request.id)
         try:
             request = await self._claims.stash_request(request, claim_outputs=True)
-            await self._transport.publish(channel, encode_request(request))
+            message_id = await self._publish(channel, request)
+            # Lost by the broker, a step is published again: a step's model keeps no state
+            # between requests, unless the step is a sequence's.
+            resend = partial(self._publish, channel, request) if request.sequence_id is None else None
+            self._router.sent(request.id, channel, message_id, request.model, resend)
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
             raise RequestTimeout(f"no reply from model '{request.model}' within {timeout_s:g} s") from None
         finally:
             self._router.forget(request.id)
+
+    async def _publish(self, channel: str, request: Request) -> str:
+        return await self._transport.publish(channel, encode_request(request))

@@ -1,0 +1,139 @@
+"""Requests a broker may have lost: looked for once it is back, then sent again or failed.
+
+A broker can come back from a failure without messages it had acknowledged: Redis with
+``appendfsync everysec`` holds back its AOF write for up to 2 s while an fsync is slow, so a
+crash of redis-server alone can lose the last writes; a replica promoted by a failover lacks
+what had not reached it yet. A request lost so is read by no worker, and its caller would wait
+out its whole reply timeout.
+
+So whoever awaits replies (``broker.replies.ReplyRouter``) records each request it sent, until
+its first reply: the channel, the message id, and how to send it again where that is safe. When
+its reply channel's reader reads again after a failure (``ChannelReader``'s ``on_back``), each
+request sent before then and still unanswered is looked for in its channel, on a transport that
+can tell (``broker.transport.Holding``). One that is not there was either answered, acked and
+trimmed (its reply is then in the reply channel, about to be read) or lost. One still
+unanswered ``grace_s`` later is taken as lost and sent again, under the same request id (should
+both copies be computed, the second reply is dropped like any duplicate); or, where sending again
+is not safe (a sequence's step changes the sequence's state, and may have been applied), it is
+answered with an ``unavailable`` error that says so. Either way its caller hears within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from broker.envelope import ErrorInfo, Response
+from broker.errors import BrokerError
+from broker.transport import Holding, Transport
+
+log = structlog.get_logger("ferry.broker.lost_requests")
+
+# A reply read after the broker is back reaches its caller within milliseconds; one not there
+# after this long is not coming.
+GRACE_S = 2.0
+# Looked for with this many commands at once at most.
+CHUNK = 1024
+
+Resend = Callable[[], Awaitable[str]]  # publishes the request again; returns its new message id
+Fail = Callable[[Response], None]  # answers a request with an error in place of its reply
+
+
+@dataclass(slots=True)
+class Sent:
+    channel: str
+    message_id: str
+    model: str
+    resend: Resend | None  # None where sending again is not safe
+    at: float  # when it was (last) sent, on the ledger's clock
+
+
+class SentLedger:
+    """The requests sent and not yet answered, of one reply channel's owner."""
+
+    def __init__(self, transport: Transport, fail: Fail, grace_s: float = GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        # A transport that cannot tell keeps no ledger: nothing is recorded at all.
+        self._transport = transport if isinstance(transport, Holding) else None
+        self._fail = fail
+        self._grace_s = grace_s
+        self._clock = clock
+        self._sent: dict[str, Sent] = {}
+        self._audits: set[asyncio.Task[None]] = set()
+
+    def record(self, request_id: str, channel: str, message_id: str, model: str,
+               resend: Resend | None) -> None:
+        if self._transport is not None:
+            self._sent[request_id] = Sent(channel, message_id, model, resend, self._clock())
+
+    def forget(self, request_id: str) -> None:
+        """Its first reply came, or its caller stopped waiting."""
+        self._sent.pop(request_id, None)
+
+    def broker_back(self) -> None:
+        """The broker answers again after a failure: look for what was sent before now."""
+        if self._transport is None or not self._sent:
+            return
+        task = asyncio.create_task(self._audit(self._transport, self._clock()), name="lost-requests")
+        self._audits.add(task)
+        task.add_done_callback(self._audits.discard)
+
+    async def aclose(self) -> None:
+        for task in list(self._audits):
+            task.cancel()
+        await asyncio.gather(*self._audits, return_exceptions=True)
+        self._sent.clear()
+
+    async def _audit(self, transport: Holding, back_at: float) -> None:
+        try:
+            missing = await self._missing(transport, back_at)
+            if not missing:
+                return
+            log.warning("lost_requests.missing", count=len(missing), grace_s=self._grace_s)
+            await asyncio.sleep(self._grace_s)
+            for request_id in missing:
+                await self._settle(request_id, back_at)
+        except BrokerError as exc:  # down again: the next time it is back looks again
+            log.warning("lost_requests.audit_failed", error=str(exc))
+
+    async def _missing(self, transport: Holding, back_at: float) -> list[str]:
+        """Request ids sent before ``back_at``, unanswered, and not in their channels."""
+        by_channel: dict[str, list[tuple[str, str]]] = {}
+        for request_id, sent in self._sent.items():
+            if sent.at < back_at:
+                by_channel.setdefault(sent.channel, []).append((request_id, sent.message_id))
+        missing: list[str] = []
+        for channel, pairs in by_channel.items():
+            for start in range(0, len(pairs), CHUNK):
+                chunk = pairs[start:start + CHUNK]
+                held = await transport.holds(channel, [message_id for _, message_id in chunk])
+                missing += [request_id for (request_id, _), there in zip(chunk, held) if not there]
+        return missing
+
+    async def _settle(self, request_id: str, back_at: float) -> None:
+        sent = self._sent.get(request_id)
+        if sent is None or sent.at >= back_at:  # answered meanwhile, or already sent again
+            return
+        if sent.resend is None:
+            self._give_up(request_id, sent, "it may or may not have been applied: sending it again is not safe")
+            return
+        try:
+            message_id = await sent.resend()
+        except BrokerError as exc:
+            self._give_up(request_id, sent, f"sending it again failed: {exc}")
+            return
+        log.warning("lost_requests.sent_again", request_id=request_id, channel=sent.channel,
+                    lost_id=sent.message_id, message_id=message_id)
+        if request_id in self._sent:  # not answered while it was being sent
+            sent.message_id, sent.at = message_id, self._clock()
+
+    def _give_up(self, request_id: str, sent: Sent, why: str) -> None:
+        self._sent.pop(request_id, None)
+        log.warning("lost_requests.failed", request_id=request_id, channel=sent.channel, lost_id=sent.message_id)
+        message = (f"the broker lost request {request_id} (message {sent.message_id} of '{sent.channel}') "
+                   f"in a failure; {why}")
+        self._fail(Response(id=request_id, model=sent.model, error=ErrorInfo("unavailable", message)))

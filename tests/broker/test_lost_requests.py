@@ -1,0 +1,130 @@
+"""A request the broker lost in a failure is found missing once the broker is back, and sent
+again, or answered with an error where sending it again is not safe; one still in its channel,
+or answered meanwhile, is left alone. On a real redis-server: the loss is an XDEL of the entry,
+the failure a CLIENT KILL of every connection, as a restart would drop them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+import redis.asyncio as aioredis
+
+from broker import channels
+from broker.envelope import Response, encode_response
+from broker.lost_requests import GRACE_S
+from broker.replies import ReplyRouter
+from broker.transports.redis import PAYLOAD_FIELD, RedisTransport
+from tests.redis_server import flushdb
+
+OWNER = "gw-lost"
+REQUESTS = channels.request_channel("m")
+REPLIES = channels.reply_channel(OWNER)
+# The reader waits 0.5 s after a failure, then looks; GRACE_S later it sends again.
+SETTLED_S = GRACE_S + 5.0
+
+
+@dataclass
+class Gateway:
+    """A reply router on a real transport, and what it sent."""
+    transport: RedisTransport
+    router: ReplyRouter
+    raw: aioredis.Redis
+    resent: list[str] = field(default_factory=list)
+
+    async def send(self, request_id: str, resendable: bool = True) -> str:
+        """Publish a request awaited as ``request_id``; its message id."""
+        message_id = await self.transport.publish(REQUESTS, request_id.encode())
+
+        async def resend() -> str:
+            self.resent.append(request_id)
+            return await self.transport.publish(REQUESTS, request_id.encode())
+
+        self.router.sent(request_id, REQUESTS, message_id, "m", resend if resendable else None)
+        return message_id
+
+    async def fail_connections(self) -> None:
+        """Every client's connection dropped, as by a restart; the router's reader fails."""
+        await self.raw.client_kill_filter(_type="normal", skipme=True)
+
+    async def answer(self, request_id: str) -> None:
+        await self.raw.xadd(REPLIES, {PAYLOAD_FIELD: encode_response(Response(id=request_id, model="m"))})
+
+    async def requests_in_stream(self) -> list[bytes]:
+        return [fields[PAYLOAD_FIELD] for _, fields in await self.raw.xrange(REQUESTS)]
+
+
+@pytest.fixture
+async def gateway(redis_url: str) -> AsyncIterator[Gateway]:
+    flushdb(redis_url)
+    transport = RedisTransport(redis_url)
+    router = ReplyRouter(transport, OWNER, poll_timeout_s=0.2)
+    raw = aioredis.Redis.from_url(redis_url, protocol=2)
+    await router.start()
+    try:
+        async with asyncio.timeout(5):
+            while not await raw.exists(REPLIES):  # the router reads (its group exists)
+                await asyncio.sleep(0.02)
+        yield Gateway(transport, router, raw)
+    finally:
+        await router.aclose()
+        await transport.aclose()
+        await raw.aclose()
+
+
+async def test_a_request_the_broker_lost_is_sent_again_once_it_is_back(gateway: Gateway):
+    waiting = gateway.router.expect("q1")
+    lost_id = await gateway.send("q1")
+    assert await gateway.raw.xdel(REQUESTS, lost_id) == 1  # the broker comes back without it
+    await gateway.fail_connections()
+    async with asyncio.timeout(SETTLED_S):
+        while not await gateway.requests_in_stream():
+            await asyncio.sleep(0.05)
+    assert gateway.resent == ["q1"]
+    assert await gateway.requests_in_stream() == [b"q1"]
+    await gateway.answer("q1")
+    async with asyncio.timeout(5):
+        response = await waiting
+    assert response.id == "q1" and response.error is None
+    # Answered, it is forgotten: a later failure sends nothing again.
+    gateway.router.forget("q1")
+    await gateway.fail_connections()
+    await asyncio.sleep(GRACE_S + 1.5)
+    assert gateway.resent == ["q1"]
+
+
+async def test_a_lost_request_that_may_not_be_sent_again_is_answered_with_an_error(gateway: Gateway):
+    waiting = gateway.router.expect("step")
+    lost_id = await gateway.send("step", resendable=False)
+    await gateway.raw.xdel(REQUESTS, lost_id)
+    started = time.monotonic()
+    await gateway.fail_connections()
+    async with asyncio.timeout(SETTLED_S):
+        response = await waiting
+    assert time.monotonic() - started >= GRACE_S  # given its grace to be answered first
+    assert response.id == "step" and response.model == "m"
+    assert response.error is not None and response.error.code == "unavailable"
+    assert lost_id in response.error.message and REQUESTS in response.error.message
+    assert "not safe" in response.error.message
+    assert gateway.resent == [] and await gateway.requests_in_stream() == []
+
+
+async def test_requests_in_their_channel_or_answered_within_the_grace_are_not_sent_again(gateway: Gateway):
+    queued = gateway.router.expect("queued")
+    answered = gateway.router.expect("answered")
+    await gateway.send("queued")  # unread: still in the stream
+    done_id = await gateway.send("answered")
+    # Read, answered and trimmed away; its reply not yet read when the router looks.
+    await gateway.raw.xdel(REQUESTS, done_id)
+    await gateway.fail_connections()
+    await asyncio.sleep(1.0)
+    await gateway.answer("answered")
+    async with asyncio.timeout(5):
+        assert (await answered).error is None
+    await asyncio.sleep(GRACE_S + 1.5)
+    assert gateway.resent == []
+    assert await gateway.requests_in_stream() == [b"queued"]
+    assert not queued.done()
