@@ -16,11 +16,16 @@ unanswered ``grace_s`` later is taken as lost and sent again, under the same req
 both copies be computed, the second reply is dropped like any duplicate); or, where sending again
 is not safe (a sequence's step changes the sequence's state, and may have been applied), it is
 answered with an ``unavailable`` error that says so. Either way its caller hears within seconds.
+
+An owner that does not see its requests answered (an async job's reply goes to whichever gateway
+reads it first) says which are still ``unanswered`` instead, and keeps records only for
+``horizon_s``: what a broker loses is what it acknowledged in its last seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,7 +45,8 @@ GRACE_S = 2.0
 CHUNK = 1024
 
 Resend = Callable[[], Awaitable[str]]  # publishes the request again; returns its new message id
-Fail = Callable[[Response], None]  # answers a request with an error in place of its reply
+Fail = Callable[[Response], Awaitable[None]]  # answers a request with an error in place of its reply
+Unanswered = Callable[[list[str]], Awaitable[list[str]]]  # of these request ids, those still unanswered
 
 
 @dataclass(slots=True)
@@ -56,19 +62,29 @@ class SentLedger:
     """The requests sent and not yet answered, of one reply channel's owner."""
 
     def __init__(self, transport: Transport, fail: Fail, grace_s: float = GRACE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, unanswered: Unanswered | None = None,
+                 horizon_s: float | None = None) -> None:
         # A transport that cannot tell keeps no ledger: nothing is recorded at all.
         self._transport = transport if isinstance(transport, Holding) else None
         self._fail = fail
         self._grace_s = grace_s
         self._clock = clock
-        self._sent: dict[str, Sent] = {}
+        self._unanswered = unanswered or _recorded
+        self._horizon_s = horizon_s
+        self._sent: dict[str, Sent] = {}  # oldest first
         self._audits: set[asyncio.Task[None]] = set()
 
     def record(self, request_id: str, channel: str, message_id: str, model: str,
                resend: Resend | None) -> None:
-        if self._transport is not None:
-            self._sent[request_id] = Sent(channel, message_id, model, resend, self._clock())
+        if self._transport is None:
+            return
+        now = self._clock()
+        self._sent.pop(request_id, None)
+        self._sent[request_id] = Sent(channel, message_id, model, resend, now)
+        if self._horizon_s is not None:
+            cutoff = now - self._horizon_s
+            for old_id in list(itertools.takewhile(lambda rid: self._sent[rid].at < cutoff, self._sent)):
+                del self._sent[old_id]
 
     def forget(self, request_id: str) -> None:
         """Its first reply came, or its caller stopped waiting."""
@@ -95,10 +111,12 @@ class SentLedger:
                 return
             log.warning("lost_requests.missing", count=len(missing), grace_s=self._grace_s)
             await asyncio.sleep(self._grace_s)
-            for request_id in missing:
+            for request_id in await self._unanswered(missing):
                 await self._settle(request_id, back_at)
         except BrokerError as exc:  # down again: the next time it is back looks again
             log.warning("lost_requests.audit_failed", error=str(exc))
+        except Exception:  # a task of its own: say so rather than leave it to asyncio's "never retrieved"
+            log.exception("lost_requests.audit_crashed")
 
     async def _missing(self, transport: Holding, back_at: float) -> list[str]:
         """Request ids sent before ``back_at``, unanswered, and not in their channels."""
@@ -112,28 +130,33 @@ class SentLedger:
                 chunk = pairs[start:start + CHUNK]
                 held = await transport.holds(channel, [message_id for _, message_id in chunk])
                 missing += [request_id for (request_id, _), there in zip(chunk, held) if not there]
-        return missing
+        return await self._unanswered(missing) if missing else []
 
     async def _settle(self, request_id: str, back_at: float) -> None:
         sent = self._sent.get(request_id)
         if sent is None or sent.at >= back_at:  # answered meanwhile, or already sent again
             return
         if sent.resend is None:
-            self._give_up(request_id, sent, "it may or may not have been applied: sending it again is not safe")
+            await self._give_up(request_id, sent, "it may or may not have been applied: sending it again is not safe")
             return
         try:
             message_id = await sent.resend()
         except BrokerError as exc:
-            self._give_up(request_id, sent, f"sending it again failed: {exc}")
+            await self._give_up(request_id, sent, f"sending it again failed: {exc}")
             return
         log.warning("lost_requests.sent_again", request_id=request_id, channel=sent.channel,
                     lost_id=sent.message_id, message_id=message_id)
-        if request_id in self._sent:  # not answered while it was being sent
-            sent.message_id, sent.at = message_id, self._clock()
+        if self._sent.pop(request_id, None) is not None:  # not answered while it was being sent
+            self._sent[request_id] = Sent(sent.channel, message_id, sent.model, sent.resend, self._clock())
 
-    def _give_up(self, request_id: str, sent: Sent, why: str) -> None:
+    async def _give_up(self, request_id: str, sent: Sent, why: str) -> None:
         self._sent.pop(request_id, None)
         log.warning("lost_requests.failed", request_id=request_id, channel=sent.channel, lost_id=sent.message_id)
         message = (f"the broker lost request {request_id} (message {sent.message_id} of '{sent.channel}') "
                    f"in a failure; {why}")
-        self._fail(Response(id=request_id, model=sent.model, error=ErrorInfo("unavailable", message)))
+        await self._fail(Response(id=request_id, model=sent.model, error=ErrorInfo("unavailable", message)))
+
+
+async def _recorded(request_ids: list[str]) -> list[str]:
+    """Where the owner sees every reply, a request still recorded is unanswered."""
+    return request_ids

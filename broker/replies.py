@@ -44,7 +44,7 @@ class ReplyRouter:
         self._claims = claims
         self._waiting: dict[str, asyncio.Future[Response]] = {}
         self._streams: dict[str, asyncio.Queue[Response]] = {}
-        self._ledger = SentLedger(transport, self._deliver)
+        self._ledger = SentLedger(transport, self._answer_lost)
         self._reader = ChannelReader(transport, self.channel, channels.reply_group(owner_id, prefix),
                                      owner_id, self._route, batch=256, poll_timeout_s=poll_timeout_s,
                                      exclusive=True, on_back=self._ledger.broker_back)
@@ -87,6 +87,9 @@ class ReplyRouter:
             log.warning("replies.bad_message", channel=self.channel, error=str(exc))
             return
         self._deliver(await self._redeemed(response))
+
+    async def _answer_lost(self, response: Response) -> None:
+        self._deliver(response)
 
     def _deliver(self, response: Response) -> None:
         self._ledger.forget(response.id)

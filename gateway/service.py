@@ -200,7 +200,7 @@ class InferenceService:
         sequence_id = request.sequence_id
         if self._homes is None or sequence_id is None:
             channel, message_id = await self.publish(request)
-            resend = partial(self._send, channel, request) if resendable and sequence_id is None else None
+            resend = partial(self.resend, channel, request) if resendable and sequence_id is None else None
             self._router.sent(request.id, channel, message_id, request.model, resend)
             return _ignore
         homes, model = self._homes, request.model
@@ -232,6 +232,11 @@ class InferenceService:
             return channel, await self._send(channel, request)
         async with self._limits.admission(request.model, config):
             return channel, await self._send(channel, request)
+
+    async def resend(self, channel: str, request: Request) -> str:
+        """Publish ``request`` onto ``channel`` again (the broker lost it), past admission,
+        which it passed the first time; its new message id."""
+        return await self._send(channel, request)
 
     async def _send(self, channel: str, request: Request) -> str:
         """Large inputs claim-checked, then the envelope published. Its reply comes back

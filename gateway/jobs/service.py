@@ -6,6 +6,9 @@ gateway is up when it arrives. The worker that takes the request first moves
 the job from ``queued`` to ``running`` in the store (the store is its
 ``JobGate``) and skips it if it was cancelled or expired, so a job cancelled
 before it started is never computed.
+
+Each job submitted is recorded in a ``SentLedger`` for a while (``gateway.jobs.lost``): should
+the broker lose its request in a failure, it is published again once the broker is back.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from broker import channels
+from broker.lost_requests import SentLedger
 from broker.transport import Transport
 from gateway.errors import JobConflict, JobNotFound
 from gateway.jobs.job import FINISHED, Job, JobStatus, Rendering
+from gateway.jobs.lost import job_ledger
 from gateway.jobs.replies import JobReplyConsumer
 from gateway.jobs.store import JobStore
 from gateway.service import InferenceService
@@ -33,10 +39,12 @@ class JobSettings:
 
 class JobService:
     def __init__(self, inference: InferenceService, store: JobStore, replies: JobReplyConsumer,
-                 settings: JobSettings = JobSettings(), wall_ns: Callable[[], int] = time.time_ns) -> None:
+                 settings: JobSettings = JobSettings(), wall_ns: Callable[[], int] = time.time_ns,
+                 ledger: SentLedger | None = None) -> None:
         self._inference = inference
         self._store = store
         self._replies = replies
+        self._ledger = ledger
         self._reply_channel = channels.job_reply_channel(settings.channel_prefix)
         self._wall_ns = wall_ns
 
@@ -45,6 +53,8 @@ class JobService:
 
     async def aclose(self) -> None:
         await self._replies.aclose()
+        if self._ledger is not None:
+            await self._ledger.aclose()
         await self._store.aclose()
 
     async def submit(self, model: str, version: str, parsed: ParsedInfer,
@@ -58,10 +68,13 @@ class JobService:
             # Stored before it is published, so its reply always finds it.
             await self._store.create(job)
             try:
-                await self._inference.publish(request)
+                channel, message_id = await self._inference.publish(request)
             except BaseException:
                 await self._store.discard(job_id)
                 raise
+            if self._ledger is not None:
+                self._ledger.record(job_id, channel, message_id, request.model,
+                                    partial(self._inference.resend, channel, request))
             return job
 
     async def get(self, job_id: str) -> Job:
@@ -82,8 +95,10 @@ class JobService:
 def build_jobs(transport: Transport, store: JobStore, inference: InferenceService, gateway_id: str,
                settings: JobSettings = JobSettings()) -> JobService:
     """Jobs for one gateway; the service owns ``store`` and closes it."""
-    replies = JobReplyConsumer(transport, store, gateway_id, settings.channel_prefix, settings.poll_timeout_s)
-    return JobService(inference, store, replies, settings)
+    ledger = job_ledger(transport, store)
+    replies = JobReplyConsumer(transport, store, gateway_id, settings.channel_prefix, settings.poll_timeout_s,
+                               on_back=ledger.broker_back)
+    return JobService(inference, store, replies, settings, ledger=ledger)
 
 
 def _plausible(job_id: str) -> bool:

@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 
 from broker import channels
 from broker.envelope import Response, encode_response
-from broker.lost_requests import GRACE_S
+from broker.errors import TransportError
+from broker.lost_requests import GRACE_S, Resend, SentLedger
 from broker.replies import ReplyRouter
 from broker.transports.redis import PAYLOAD_FIELD, RedisTransport
 from tests.redis_server import flushdb
@@ -128,3 +129,56 @@ async def test_requests_in_their_channel_or_answered_within_the_grace_are_not_se
     assert gateway.resent == []
     assert await gateway.requests_in_stream() == [b"queued"]
     assert not queued.done()
+
+
+async def test_a_ledger_with_a_horizon_and_its_own_view_of_answers(redis_url: str):
+    """As async jobs use it: records older than the horizon are dropped, and only requests the
+    owner calls unanswered are sent again; one that cannot be sent again is failed."""
+    flushdb(redis_url)
+    now = [0.0]
+    resent: list[str] = []
+    failed: list[Response] = []
+    answered_elsewhere = {"done"}
+
+    async def fail(response: Response) -> None:
+        failed.append(response)
+
+    async def unanswered(request_ids: list[str]) -> list[str]:
+        return [request_id for request_id in request_ids if request_id not in answered_elsewhere]
+
+    async with RedisTransport(redis_url) as transport:
+        ledger = SentLedger(transport, fail, grace_s=0.1, clock=lambda: now[0], unanswered=unanswered,
+                            horizon_s=60.0)
+
+        async def lost(request_id: str, resend: Resend | None = None) -> None:
+            message_id = await transport.publish(REQUESTS, request_id.encode())
+            assert await transport.holds(REQUESTS, [message_id]) == [True]
+            async with aioredis.Redis.from_url(redis_url) as raw:
+                await raw.xdel(REQUESTS, message_id)
+            assert await transport.holds(REQUESTS, [message_id, "0-1"]) == [False, False]
+
+            async def publish_again() -> str:
+                resent.append(request_id)
+                return await transport.publish(REQUESTS, request_id.encode())
+
+            ledger.record(request_id, REQUESTS, message_id, "m", resend or publish_again)
+
+        async def broken() -> str:
+            raise TransportError("redis: Connection refused")
+
+        await lost("old")
+        now[0] = 30.0
+        await lost("done")
+        await lost("unsendable", broken)
+        now[0] = 61.0
+        await lost("new")  # "old" is past the horizon now
+        now[0] = 62.0
+        ledger.broker_back()
+        async with asyncio.timeout(5):
+            while not failed or not resent:
+                await asyncio.sleep(0.02)
+        await ledger.aclose()
+    assert resent == ["new"]
+    (failure,) = failed
+    assert failure.id == "unsendable" and failure.error is not None and failure.error.code == "unavailable"
+    assert "sending it again failed" in failure.error.message and "Connection refused" in failure.error.message

@@ -7,20 +7,23 @@ every client connection dropped, as a restart drops them."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
 from broker import channels
 from broker.channels import redis_key
-from tests.fleet.processes import Fleet, wait_for
+from tests.fleet.processes import Fleet, FerryProcess, Gateway, wait_for
 from tests.models import write_add_sub
 from tests.redis_server import flushdb
 
 MODEL = "add_sub"
 # Well under the gateway's reply timeout (300 s): a request left waiting fails the test.
 CLIENT_TIMEOUT_S = 45.0
+T = TypeVar("T")
 
 
 def body(value: float) -> dict[str, object]:
@@ -29,28 +32,67 @@ def body(value: float) -> dict[str, object]:
                        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": data}]}
 
 
+def lose_the_next_request(fleet: Fleet, worker: FerryProcess, publish: Callable[[], T]) -> T:
+    """With ``worker`` stopped, ``publish`` a request; then the broker comes back without it:
+    the worker killed with whatever it had read, the entry deleted, every connection dropped.
+    Returns what ``publish`` returned; a second worker is started to answer."""
+    stream = redis_key(channels.request_channel(MODEL))
+    worker.send(signal.SIGSTOP)  # reads nothing more; the model is still ready at the gateway
+    added = fleet.entries_added(stream)
+    published = publish()
+    wait_for(lambda: fleet.entries_added(stream) > added, 10, "the request published")
+    worker.kill()
+    (lost_id, _), = fleet.redis.xrevrange(stream, count=1)
+    assert fleet.redis.xdel(stream, lost_id) == 1
+    fleet.redis.client_kill_filter(_type="normal", skipme=True)
+    fleet.worker("w2")
+    return published
+
+
+def sent_again(gateway: Gateway) -> list[dict[str, Any]]:
+    return [event for event in gateway.log_events() if event.get("event") == "lost_requests.sent_again"]
+
+
 def test_a_request_redis_lost_is_published_again_and_answered(redis_url: str, tmp_path: Path):
     flushdb(redis_url)
     repo = tmp_path / "repo"
     write_add_sub(repo, MODEL, max_batch_size=8)
-    stream = redis_key(channels.request_channel(MODEL))
     with Fleet(redis_url, repo, tmp_path) as fleet, httpx.Client(timeout=CLIENT_TIMEOUT_S) as http, \
             ThreadPoolExecutor(1) as pool:
         gateway = fleet.gateway()
-        first = fleet.worker("w1")
+        worker = fleet.worker("w1")
         fleet.wait_model_ready(gateway, MODEL)
-        first.send(signal.SIGSTOP)  # reads nothing more; the model is still ready at the gateway
-        added = fleet.entries_added(stream)
-        answer = pool.submit(http.post, f"http://{gateway.url}/v2/models/{MODEL}/infer", json=body(3.0))
-        wait_for(lambda: fleet.entries_added(stream) > added, 10, "the request published", gateway)
-        first.kill()  # with whatever it had read
-        (lost_id, _), = fleet.redis.xrevrange(stream, count=1)
-        assert fleet.redis.xdel(stream, lost_id) == 1
-        fleet.redis.client_kill_filter(_type="normal", skipme=True)
-        fleet.worker("w2")
+        answer = lose_the_next_request(fleet, worker, lambda: pool.submit(
+            http.post, f"http://{gateway.url}/v2/models/{MODEL}/infer", json=body(3.0)))
         response = answer.result(timeout=CLIENT_TIMEOUT_S + 5)
         assert response.status_code == 200, response.text
         sums = next(o["data"] for o in response.json()["outputs"] if o["name"] == "OUTPUT0")
         assert sums == [6.0] * 16
-        sent_again = [e for e in gateway.log_events() if e.get("event") == "lost_requests.sent_again"]
-        assert [e["lost_id"] for e in sent_again] == [lost_id.decode()], gateway.describe()
+        assert len(sent_again(gateway)) == 1, gateway.describe()
+
+
+def test_an_async_job_redis_lost_is_published_again_and_succeeds(redis_url: str, tmp_path: Path):
+    flushdb(redis_url)
+    repo = tmp_path / "repo"
+    write_add_sub(repo, MODEL, max_batch_size=8)
+    with Fleet(redis_url, repo, tmp_path) as fleet, httpx.Client(timeout=CLIENT_TIMEOUT_S) as http:
+        gateway = fleet.gateway()
+        worker = fleet.worker("w1")
+        fleet.wait_model_ready(gateway, MODEL)
+        submitted = lose_the_next_request(fleet, worker, lambda: http.post(
+            f"http://{gateway.url}/v2/models/{MODEL}/infer", json=body(4.0), headers={"Prefer": "respond-async"}))
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job_id"]
+        result: list[httpx.Response] = []
+
+        def final() -> bool:
+            result[:] = [http.get(f"http://{gateway.url}/v2/jobs/{job_id}")]
+            return result[0].headers.get("content-type") != "application/json" or \
+                result[0].json().get("status") not in ("queued", "running")
+
+        wait_for(final, CLIENT_TIMEOUT_S, f"job {job_id} final (it stays queued if its request is lost)", gateway,
+                 interval_s=0.5)
+        assert result[0].status_code == 200, result[0].text
+        sums = next(o["data"] for o in result[0].json()["outputs"] if o["name"] == "OUTPUT0")
+        assert sums == [8.0] * 16
+        assert [event["request_id"] for event in sent_again(gateway)] == [job_id], gateway.describe()
