@@ -1,4 +1,4 @@
-"""Requests a broker may have lost: looked for once it is back, then sent again or failed.
+"""Requests a broker may have lost: looked for once it answers again, then sent again or failed.
 
 A broker can come back from a failure without messages it had acknowledged: Redis with
 ``appendfsync everysec`` holds back its AOF write for up to 2 s while an fsync is slow, so a
@@ -7,19 +7,23 @@ what had not reached it yet. A request lost so is read by no worker, and its cal
 out its whole reply timeout.
 
 So whoever awaits replies (``broker.replies.ReplyRouter``) records each request it sent, until
-its first reply: the channel, the message id, and how to send it again where that is safe. When
-its reply channel's reader reads again after a failure (``ChannelReader``'s ``on_back``), each
-request sent before then and still unanswered is looked for in its channel, on a transport that
-can tell (``broker.transport.Holding``). One that is not there was either answered, acked and
-trimmed (its reply is then in the reply channel, about to be read) or lost. One still
-unanswered ``grace_s`` later is taken as lost and sent again, under the same request id (should
-both copies be computed, the second reply is dropped like any duplicate); or, where sending again
-is not safe (a sequence's step changes the sequence's state, and may have been applied), it is
-answered with an ``unavailable`` error that says so. Either way its caller hears within seconds.
+its first reply: the channel, the message id, and how to send it again where that is safe. Every
+``watch_s`` the ledger looks at its transport's count of failed calls (``Holding.failures``: a
+read, a publish, an ack, in this process). Once it has grown, each request sent before then and
+still unanswered is looked for in its channel (``Holding.holds``); while the broker still fails,
+it looks again on the next round. A request not there was either answered, acked and trimmed (its
+reply is then in the reply channel, about to be read) or lost. One still unanswered ``grace_s``
+later is taken as lost and sent again, under the same request id (should both copies be
+computed, the second reply is dropped like any duplicate); or, where sending again is not safe (a
+sequence's step changes the sequence's state, and may have been applied), it is answered with an
+``unavailable`` error that says so. Either way its caller hears within seconds.
 
 An owner that does not see its requests answered (an async job's reply goes to whichever gateway
 reads it first) says which are still ``unanswered`` instead, and keeps records only for
 ``horizon_s``: what a broker loses is what it acknowledged in its last seconds.
+
+A transport that cannot tell (the in-memory one, Kafka, whose acknowledged writes survive a
+broker's crash) keeps no ledger: nothing is recorded and nothing watched.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from broker.transport import Holding, Transport
 
 log = structlog.get_logger("ferry.broker.lost_requests")
 
+# How often the transport's failures are looked at.
+WATCH_S = 1.0
 # A reply read after the broker is back reaches its caller within milliseconds; one not there
 # after this long is not coming.
 GRACE_S = 2.0
@@ -61,18 +67,31 @@ class Sent:
 class SentLedger:
     """The requests sent and not yet answered, of one reply channel's owner."""
 
-    def __init__(self, transport: Transport, fail: Fail, grace_s: float = GRACE_S,
+    def __init__(self, transport: Transport, fail: Fail, grace_s: float = GRACE_S, watch_s: float = WATCH_S,
                  clock: Callable[[], float] = time.monotonic, unanswered: Unanswered | None = None,
                  horizon_s: float | None = None) -> None:
-        # A transport that cannot tell keeps no ledger: nothing is recorded at all.
         self._transport = transport if isinstance(transport, Holding) else None
         self._fail = fail
         self._grace_s = grace_s
+        self._watch_s = watch_s
         self._clock = clock
         self._unanswered = unanswered or _recorded
         self._horizon_s = horizon_s
         self._sent: dict[str, Sent] = {}  # oldest first
-        self._audits: set[asyncio.Task[None]] = set()
+        self._looked_at = 0  # the transport's failures when the ledger last looked
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._transport is not None and self._watch is None:
+            self._looked_at = self._transport.failures
+            self._watch = asyncio.create_task(self._watching(self._transport), name="lost-requests")
+
+    async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            self._watch = None
+        self._sent.clear()
 
     def record(self, request_id: str, channel: str, message_id: str, model: str,
                resend: Resend | None) -> None:
@@ -90,39 +109,39 @@ class SentLedger:
         """Its first reply came, or its caller stopped waiting."""
         self._sent.pop(request_id, None)
 
-    def broker_back(self) -> None:
-        """The broker answers again after a failure: look for what was sent before now."""
-        if self._transport is None or not self._sent:
+    async def _watching(self, transport: Holding) -> None:
+        while True:
+            await asyncio.sleep(self._watch_s)
+            failures = transport.failures
+            if failures == self._looked_at:
+                continue
+            if not self._sent:
+                self._looked_at = failures
+                continue
+            try:
+                await self._look(transport, self._clock())
+            except BrokerError as exc:  # still failing: look again next round
+                log.info("lost_requests.look_failed", error=str(exc))
+                continue
+            except Exception:  # a task of its own: say so rather than leave it to asyncio's "never retrieved"
+                log.exception("lost_requests.look_crashed")
+            self._looked_at = failures
+
+    async def _look(self, transport: Holding, now: float) -> None:
+        missing = await self._missing(transport, now)
+        if not missing:
+            log.info("lost_requests.none_missing", unanswered=len(self._sent))
             return
-        task = asyncio.create_task(self._audit(self._transport, self._clock()), name="lost-requests")
-        self._audits.add(task)
-        task.add_done_callback(self._audits.discard)
+        log.info("lost_requests.missing", count=len(missing), grace_s=self._grace_s)
+        await asyncio.sleep(self._grace_s)
+        for request_id in await self._unanswered(missing):
+            await self._settle(request_id, now)
 
-    async def aclose(self) -> None:
-        for task in list(self._audits):
-            task.cancel()
-        await asyncio.gather(*self._audits, return_exceptions=True)
-        self._sent.clear()
-
-    async def _audit(self, transport: Holding, back_at: float) -> None:
-        try:
-            missing = await self._missing(transport, back_at)
-            if not missing:
-                return
-            log.warning("lost_requests.missing", count=len(missing), grace_s=self._grace_s)
-            await asyncio.sleep(self._grace_s)
-            for request_id in await self._unanswered(missing):
-                await self._settle(request_id, back_at)
-        except BrokerError as exc:  # down again: the next time it is back looks again
-            log.warning("lost_requests.audit_failed", error=str(exc))
-        except Exception:  # a task of its own: say so rather than leave it to asyncio's "never retrieved"
-            log.exception("lost_requests.audit_crashed")
-
-    async def _missing(self, transport: Holding, back_at: float) -> list[str]:
-        """Request ids sent before ``back_at``, unanswered, and not in their channels."""
+    async def _missing(self, transport: Holding, now: float) -> list[str]:
+        """Request ids sent before ``now``, not in their channels, and unanswered."""
         by_channel: dict[str, list[tuple[str, str]]] = {}
         for request_id, sent in self._sent.items():
-            if sent.at < back_at:
+            if sent.at < now:
                 by_channel.setdefault(sent.channel, []).append((request_id, sent.message_id))
         missing: list[str] = []
         for channel, pairs in by_channel.items():
@@ -132,9 +151,9 @@ class SentLedger:
                 missing += [request_id for (request_id, _), there in zip(chunk, held) if not there]
         return await self._unanswered(missing) if missing else []
 
-    async def _settle(self, request_id: str, back_at: float) -> None:
+    async def _settle(self, request_id: str, looked_at: float) -> None:
         sent = self._sent.get(request_id)
-        if sent is None or sent.at >= back_at:  # answered meanwhile, or already sent again
+        if sent is None or sent.at >= looked_at:  # answered meanwhile, or already sent again
             return
         if sent.resend is None:
             await self._give_up(request_id, sent, "it may or may not have been applied: sending it again is not safe")

@@ -17,10 +17,6 @@ while answering a read may already have recorded the messages as delivered
 (Redis persists that in its AOF), so they are pending but never arrived: read
 again only by ``>``, they would never be handled, their callers would wait out
 their timeouts, and the channel could no longer be trimmed past them.
-
-``on_back``, if given, is called each time the reader reads again after a
-failure (once it has taken back what was pending): the broker may have come
-back without messages it had acknowledged (``broker.lost_requests``).
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ class ChannelReader:
     def __init__(self, transport: Transport, channel: str, group: str, consumer: str,
                  handle: Handler, batch: int = 64, poll_timeout_s: float = 1.0,
                  claim_idle_s: float | None = None, trim_interval_s: float = 1.0,
-                 exclusive: bool = False, on_back: Callable[[], None] | None = None) -> None:
+                 exclusive: bool = False) -> None:
         self._transport = transport
         self._channel = channel
         self._group = group
@@ -55,8 +51,6 @@ class ChannelReader:
         self._trim_interval_s = trim_interval_s
         self._exclusive = exclusive
         self._recovering = exclusive  # a restarted owner may find its last reads pending
-        self._on_back = on_back
-        self._failed = False  # since the last read that succeeded
         self._claimed_at = self._trimmed_at = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
@@ -75,10 +69,6 @@ class ChannelReader:
                 await self._trim()
                 if self._recovering:
                     await self._recover()
-                if self._failed:
-                    self._failed = False
-                    if self._on_back is not None:
-                        self._on_back()
                 deliveries = await self._claim() + await self._transport.fetch(
                     self._channel, self._group, self._consumer, self._batch, self._poll_timeout_s
                 )
@@ -88,7 +78,6 @@ class ChannelReader:
             except Exception as exc:
                 log.warning("reader.failed", channel=self._channel, error=str(exc))
                 self._recovering = self._exclusive
-                self._failed = True
                 await asyncio.sleep(0.5)
 
     async def _handle_all(self, deliveries: list[Delivery]) -> None:

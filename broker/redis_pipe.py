@@ -30,7 +30,7 @@ run through ``run_script`` (EVALSHA, EVAL where the server does not know them).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
@@ -49,6 +49,7 @@ Command = tuple[Any, ...]
 # (MovedError is an AskError; READONLY from a master demoted to a replica).
 _ELSEWHERE = (AskError, TryAgainError, ClusterDownError, MasterDownError, ReadOnlyError, RedisConnectionError,
               RedisTimeoutError)
+_MOVED = (AskError, TryAgainError)  # a slot on its way to another master
 _Waiting = tuple[Command, "asyncio.Future[Any]"]
 # A write holds the commands due, up to about this many bytes of arguments: past it, a large
 # command (a tensor inline) is cheaper written alone than in a long pipeline that the socket
@@ -261,11 +262,15 @@ class ClusterPipes:
     a slot not mapped yet, a cluster down, a master demoted or a failed connection sends the
     command through the cluster client instead, which follows it and maps the slots again, so
     the next command for that slot goes to its new master. (A command whose connection failed
-    after it was written may so run twice, as it may when the cluster client retries it.)"""
+    after it was written may so run twice, as it may when the cluster client retries it.)
+    ``on_master_lost`` is called each time a master fails so (not a slot's move): it may have
+    been replaced by a replica lacking its last writes."""
 
-    def __init__(self, cluster: RedisCluster, large_alone: bool = False) -> None:
+    def __init__(self, cluster: RedisCluster, large_alone: bool = False,
+                 on_master_lost: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self._large_alone = large_alone
+        self._on_master_lost = on_master_lost
         self._pipes: dict[str, tuple[CommandPipe, ConnectionPool]] = {}
         self._closed = False
 
@@ -281,8 +286,11 @@ class ClusterPipes:
         if pipe is not None:
             try:
                 return await pipe.call(*command, alone=alone)
-            except _ELSEWHERE:
+            except _MOVED:
                 pass
+            except _ELSEWHERE:
+                if self._on_master_lost is not None:
+                    self._on_master_lost()
         return await self._cluster.execute_command(*command)
 
     async def aclose(self) -> None:
@@ -322,10 +330,11 @@ async def run_script(pipes: Pipes, script: AsyncScript, keys: Sequence[str], arg
         return await pipes.call_for(keys[0], "EVAL", script.script, len(keys), *keys, *args)
 
 
-def pipes_for(client: Redis | RedisCluster, large_alone: bool = False) -> Pipes:
+def pipes_for(client: Redis | RedisCluster, large_alone: bool = False,
+              on_master_lost: Callable[[], None] | None = None) -> Pipes:
     """The pipes for a client of ``broker.redis_url``: one, or one per master of a cluster;
     either takes ``call_for(key, *command)``. Close them before the client. ``large_alone``:
-    see ``CommandPipe._alone``."""
+    see ``CommandPipe._alone``; ``on_master_lost``: see ``ClusterPipes``."""
     if isinstance(client, RedisCluster):
-        return ClusterPipes(client, large_alone)
+        return ClusterPipes(client, large_alone, on_master_lost)
     return CommandPipe(client.connection_pool, large_alone)

@@ -9,9 +9,9 @@ acked and dropped, so a client sees exactly one reply per request.
 A streamed request (a decoupled model may answer 0..N times) waits on a
 queue instead of a future: every reply goes into it until the final one.
 
-A request recorded with ``sent`` is looked for in its channel when the broker
-is back after a failure, until its first reply (``broker.lost_requests``): one
-the broker lost is sent again, or answered with an error, not left hanging.
+A request recorded with ``sent`` is looked for in its channel after a broker
+failure, until its first reply (``broker.lost_requests``): one the broker lost
+is sent again, or answered with an error, not left hanging.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ class ReplyRouter:
         self._ledger = SentLedger(transport, self._answer_lost)
         self._reader = ChannelReader(transport, self.channel, channels.reply_group(owner_id, prefix),
                                      owner_id, self._route, batch=256, poll_timeout_s=poll_timeout_s,
-                                     exclusive=True, on_back=self._ledger.broker_back)
+                                     exclusive=True)
 
     async def start(self) -> None:
         await self._reader.start()
+        await self._ledger.start()
 
     async def aclose(self) -> None:
         await self._reader.aclose()

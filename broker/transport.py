@@ -103,6 +103,8 @@ class Holding(Protocol):
     """A transport that can tell whether messages are still in their channel, for a broker
     that may come back from a failure without messages it had acknowledged (Redis)."""
 
+    failures: int  # calls that have failed on the broker so far: each may be a loss
+
     async def holds(self, channel: str, message_ids: Sequence[str]) -> list[bool]:
         """For each of ``message_ids`` (as ``publish`` returned them), whether ``channel`` still
         holds it: False once it is trimmed after every group acked it, or lost."""

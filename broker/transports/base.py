@@ -1,6 +1,7 @@
 """What every transport does alike: it is an async context manager, ``fetch``
 is ``fetch_first`` over one channel, once closed it refuses every call, and
-its client library's errors leave it as ``broker.errors`` (``_guarded``).
+its client library's errors leave it as ``broker.errors`` (``_guarded``), and
+are counted (``failures``).
 
 The seam is the ``Transport`` Protocol in ``broker.transport``; this class
 only spares each implementation from writing these lines again.
@@ -14,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, Self
 
-from broker.errors import TransportClosed, translated
+from broker.errors import TransportClosed, TransportError, translated
 from broker.transport import Delivery, Headers
 
 
@@ -30,6 +31,7 @@ class BaseTransport(ABC):
         self._in_flight = 0  # calls inside _guarded now
         self._settled = asyncio.Event()  # set whenever none is
         self._settled.set()
+        self.failures = 0  # calls that failed on the broker (not on closing) so far
 
     async def __aenter__(self) -> Self:
         return self
@@ -89,6 +91,9 @@ class BaseTransport(ABC):
         try:
             with translated(self.foreign_errors, self.service, lambda: self._closed):
                 yield
+        except TransportError:
+            self.failures += 1
+            raise
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:

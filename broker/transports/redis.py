@@ -105,7 +105,7 @@ class RedisTransport(BaseTransport):
         # those due at the same time (broker.redis_pipe): on one connection to one
         # server, on one per master of a cluster. On one server, reads skip redis-py's command
         # layer too (_xreadgroup).
-        self._pipes = pipes_for(self._redis)
+        self._pipes = pipes_for(self._redis, on_master_lost=self._master_lost)
         self._pool = None if isinstance(self._redis, RedisCluster) else self._redis.connection_pool
 
     async def publish(self, channel: str, payload: bytes, *, key: str | None = None,
@@ -124,6 +124,11 @@ class RedisTransport(BaseTransport):
         args: list[bytes | str] = [delivery.group, delivery.message_id, *_flat(_fields(payload, headers))]
         with self._guarded():
             await run_script(self._pipes, self._reply_and_ack, (reply_key, request_key), args)
+
+    def _master_lost(self) -> None:
+        """A cluster master failed under a command its pipe sent (the cluster client then
+        sent it): a failure to count, though the command itself may succeed."""
+        self.failures += 1
 
     async def _command(self, key: str, *command: Any) -> Any:
         """A command that never blocks, on ``key``, sent together with those due at the same time."""

@@ -5,14 +5,10 @@ A reply is acked only after the store has it, so a gateway that dies in
 between leaves the reply pending for the group, and another gateway claims it
 after ``claim_idle_s``. A reply for a job that is no
 longer queued (cancelled, expired, a duplicate) is dropped.
-
-``on_back`` is called when the reader reads again after a broker failure
-(``gateway.jobs.lost``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import structlog
 
@@ -29,14 +25,12 @@ log = structlog.get_logger("ferry.gateway.jobs")
 
 class JobReplyConsumer:
     def __init__(self, transport: Transport, store: JobStore, consumer: str,
-                 prefix: str = channels.PREFIX, poll_timeout_s: float = 1.0, claim_idle_s: float = 10.0,
-                 on_back: Callable[[], None] | None = None) -> None:
+                 prefix: str = channels.PREFIX, poll_timeout_s: float = 1.0, claim_idle_s: float = 10.0) -> None:
         self._transport = transport
         self._store = store
         self.channel = channels.job_reply_channel(prefix)
         self._reader = ChannelReader(transport, self.channel, channels.job_reply_group(prefix), consumer,
-                                     self._store_reply, poll_timeout_s=poll_timeout_s, claim_idle_s=claim_idle_s,
-                                     on_back=on_back)
+                                     self._store_reply, poll_timeout_s=poll_timeout_s, claim_idle_s=claim_idle_s)
 
     async def start(self) -> None:
         await self._reader.start()

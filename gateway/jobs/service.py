@@ -8,7 +8,7 @@ the job from ``queued`` to ``running`` in the store (the store is its
 before it started is never computed.
 
 Each job submitted is recorded in a ``SentLedger`` for a while (``gateway.jobs.lost``): should
-the broker lose its request in a failure, it is published again once the broker is back.
+the broker lose its request in a failure, it is published again.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class JobService:
 
     async def start(self) -> None:
         await self._replies.start()
+        if self._ledger is not None:
+            await self._ledger.start()
 
     async def aclose(self) -> None:
         await self._replies.aclose()
@@ -95,10 +97,8 @@ class JobService:
 def build_jobs(transport: Transport, store: JobStore, inference: InferenceService, gateway_id: str,
                settings: JobSettings = JobSettings()) -> JobService:
     """Jobs for one gateway; the service owns ``store`` and closes it."""
-    ledger = job_ledger(transport, store)
-    replies = JobReplyConsumer(transport, store, gateway_id, settings.channel_prefix, settings.poll_timeout_s,
-                               on_back=ledger.broker_back)
-    return JobService(inference, store, replies, settings, ledger=ledger)
+    replies = JobReplyConsumer(transport, store, gateway_id, settings.channel_prefix, settings.poll_timeout_s)
+    return JobService(inference, store, replies, settings, ledger=job_ledger(transport, store))
 
 
 def _plausible(job_id: str) -> bool:

@@ -58,6 +58,19 @@ class Gateway:
         return [fields[PAYLOAD_FIELD] for _, fields in await self.raw.xrange(REQUESTS)]
 
 
+async def fail_a_read(transport: RedisTransport, raw: aioredis.Redis) -> None:
+    """A blocking read of ``transport`` cut off by the server: one more of its failures."""
+    before = transport.failures
+    read = asyncio.create_task(transport.fetch(REPLIES, "g", "c", 1, 10.0))
+    async with asyncio.timeout(5):
+        while b"cmd=xreadgroup" not in await raw.execute_command("CLIENT", "LIST"):
+            await asyncio.sleep(0.02)
+    await raw.client_kill_filter(_type="normal", skipme=True)
+    with pytest.raises(TransportError):
+        await read
+    assert transport.failures == before + 1
+
+
 @pytest.fixture
 async def gateway(redis_url: str) -> AsyncIterator[Gateway]:
     flushdb(redis_url)
@@ -147,8 +160,9 @@ async def test_a_ledger_with_a_horizon_and_its_own_view_of_answers(redis_url: st
         return [request_id for request_id in request_ids if request_id not in answered_elsewhere]
 
     async with RedisTransport(redis_url) as transport:
-        ledger = SentLedger(transport, fail, grace_s=0.1, clock=lambda: now[0], unanswered=unanswered,
-                            horizon_s=60.0)
+        ledger = SentLedger(transport, fail, grace_s=0.1, watch_s=0.05, clock=lambda: now[0],
+                            unanswered=unanswered, horizon_s=60.0)
+        await ledger.start()
 
         async def lost(request_id: str, resend: Resend | None = None) -> None:
             message_id = await transport.publish(REQUESTS, request_id.encode())
@@ -173,7 +187,10 @@ async def test_a_ledger_with_a_horizon_and_its_own_view_of_answers(redis_url: st
         now[0] = 61.0
         await lost("new")  # "old" is past the horizon now
         now[0] = 62.0
-        ledger.broker_back()
+        await asyncio.sleep(0.3)
+        assert resent == [] and failed == []  # nothing failed: nothing looked for
+        async with aioredis.Redis.from_url(redis_url) as raw:
+            await fail_a_read(transport, raw)
         async with asyncio.timeout(5):
             while not failed or not resent:
                 await asyncio.sleep(0.02)
