@@ -11,12 +11,15 @@ its first reply: the channel, the message id, and how to send it again where tha
 ``watch_s`` the ledger looks at its transport's count of failed calls (``Holding.failures``: a
 read, a publish, an ack, in this process). Once it has grown, each request sent before then and
 still unanswered is looked for in its channel (``Holding.holds``); while the broker still fails,
-it looks again on the next round. A request not there was either answered, acked and trimmed (its
-reply is then in the reply channel, about to be read) or lost. One still unanswered ``grace_s``
-later is taken as lost and sent again, under the same request id (should both copies be
-computed, the second reply is dropped like any duplicate); or, where sending again is not safe (a
-sequence's step changes the sequence's state, and may have been applied), it is answered with an
-``unavailable`` error that says so. Either way its caller hears within seconds.
+it looks again on the next round, and once more ``relook_s`` after a look that succeeded (on a
+Redis Cluster a reply and the ack of its request go to two masters: a reply lost with one leaves
+its request acked, gone from its stream only at the next trim). A request not there was either
+answered, acked and trimmed (its reply is then in the reply channel, about to be read) or lost.
+One still unanswered ``grace_s`` later is taken as lost and sent again, under the same request
+id (should both copies be computed, the second reply is dropped like any duplicate); or, where
+sending again is not safe (a sequence's step changes the sequence's state, and may have been
+applied), it is answered with an ``unavailable`` error that says so. Either way its caller hears
+within seconds.
 
 An owner that does not see its requests answered (an async job's reply goes to whichever gateway
 reads it first) says which are still ``unanswered`` instead, and keeps records only for
@@ -44,6 +47,8 @@ log = structlog.get_logger("ferry.broker.lost_requests")
 
 # How often the transport's failures are looked at.
 WATCH_S = 1.0
+# After a look, another this much later.
+RELOOK_S = 5.0
 # A reply read after the broker is back reaches its caller within milliseconds; one not there
 # after this long is not coming.
 GRACE_S = 2.0
@@ -68,17 +73,19 @@ class SentLedger:
     """The requests sent and not yet answered, of one reply channel's owner."""
 
     def __init__(self, transport: Transport, fail: Fail, grace_s: float = GRACE_S, watch_s: float = WATCH_S,
-                 clock: Callable[[], float] = time.monotonic, unanswered: Unanswered | None = None,
-                 horizon_s: float | None = None) -> None:
+                 relook_s: float = RELOOK_S, clock: Callable[[], float] = time.monotonic,
+                 unanswered: Unanswered | None = None, horizon_s: float | None = None) -> None:
         self._transport = transport if isinstance(transport, Holding) else None
         self._fail = fail
         self._grace_s = grace_s
         self._watch_s = watch_s
+        self._relook_s = relook_s
         self._clock = clock
         self._unanswered = unanswered or _recorded
         self._horizon_s = horizon_s
         self._sent: dict[str, Sent] = {}  # oldest first
         self._looked_at = 0  # the transport's failures when the ledger last looked
+        self._relook_at: float | None = None  # when to look once more, on the ledger's clock
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -113,10 +120,11 @@ class SentLedger:
         while True:
             await asyncio.sleep(self._watch_s)
             failures = transport.failures
-            if failures == self._looked_at:
+            relook = self._relook_at is not None and self._clock() >= self._relook_at
+            if failures == self._looked_at and not relook:
                 continue
             if not self._sent:
-                self._looked_at = failures
+                self._looked_at, self._relook_at = failures, None
                 continue
             try:
                 await self._look(transport, self._clock())
@@ -125,6 +133,7 @@ class SentLedger:
                 continue
             except Exception:  # a task of its own: say so rather than leave it to asyncio's "never retrieved"
                 log.exception("lost_requests.look_crashed")
+            self._relook_at = None if relook and failures == self._looked_at else self._clock() + self._relook_s
             self._looked_at = failures
 
     async def _look(self, transport: Holding, now: float) -> None:

@@ -199,3 +199,34 @@ async def test_a_ledger_with_a_horizon_and_its_own_view_of_answers(redis_url: st
     (failure,) = failed
     assert failure.id == "unsendable" and failure.error is not None and failure.error.code == "unavailable"
     assert "sending it again failed" in failure.error.message and "Connection refused" in failure.error.message
+
+
+async def test_a_request_gone_only_after_the_first_look_is_found_by_the_second(redis_url: str):
+    """On a Redis Cluster a reply lost with its master leaves its request acked on another, gone
+    from its stream at the next trim: a look just after the failure still finds it there."""
+    flushdb(redis_url)
+    resent: list[str] = []
+
+    async def fail(response: Response) -> None:
+        raise AssertionError(f"failed {response}")
+
+    async with RedisTransport(redis_url) as transport, aioredis.Redis.from_url(redis_url) as raw:
+        ledger = SentLedger(transport, fail, grace_s=0.1, watch_s=0.05, relook_s=1.0)
+        await ledger.start()
+        message_id = await transport.publish(REQUESTS, b"q")
+
+        async def resend() -> str:
+            resent.append("q")
+            return await transport.publish(REQUESTS, b"q")
+
+        ledger.record("q", REQUESTS, message_id, "m", resend)
+        await fail_a_read(transport, raw)
+        await asyncio.sleep(0.5)  # looked: there
+        await raw.xdel(REQUESTS, message_id)  # acked and trimmed; its reply lost
+        assert resent == []
+        async with asyncio.timeout(5):
+            while not resent:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(1.5)  # and sent once: its new entry is there
+        await ledger.aclose()
+    assert resent == ["q"]

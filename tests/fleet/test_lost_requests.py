@@ -18,6 +18,7 @@ from broker import channels
 from broker.channels import redis_key
 from tests.fleet.processes import Fleet, FerryProcess, Gateway, wait_for
 from tests.models import write_add_sub
+from tests.workers.sequences.accumulator import write_accumulator
 from tests.redis_server import flushdb
 
 MODEL = "add_sub"
@@ -32,11 +33,11 @@ def body(value: float) -> dict[str, object]:
                        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": data}]}
 
 
-def lose_the_next_request(fleet: Fleet, worker: FerryProcess, publish: Callable[[], T]) -> T:
+def lose_the_next_request(fleet: Fleet, worker: FerryProcess, publish: Callable[[], T], model: str = MODEL) -> T:
     """With ``worker`` stopped, ``publish`` a request; then the broker comes back without it:
     the worker killed with whatever it had read, the entry deleted, every connection dropped.
     Returns what ``publish`` returned; a second worker is started to answer."""
-    stream = redis_key(channels.request_channel(MODEL))
+    stream = redis_key(channels.request_channel(model))
     worker.send(signal.SIGSTOP)  # reads nothing more; the model is still ready at the gateway
     added = fleet.entries_added(stream)
     published = publish()
@@ -96,3 +97,25 @@ def test_an_async_job_redis_lost_is_published_again_and_succeeds(redis_url: str,
         sums = next(o["data"] for o in result[0].json()["outputs"] if o["name"] == "OUTPUT0")
         assert sums == [8.0] * 16
         assert [event["request_id"] for event in sent_again(gateway)] == [job_id], gateway.describe()
+
+
+def test_a_sequence_step_redis_lost_is_answered_503_not_sent_again(redis_url: str, tmp_path: Path):
+    """A step changes its sequence's state and may have been applied before the loss: sending it
+    again could apply it twice, so its client is told instead."""
+    flushdb(redis_url)
+    repo = tmp_path / "repo"
+    write_accumulator(repo)
+    with Fleet(redis_url, repo, tmp_path) as fleet, httpx.Client(timeout=CLIENT_TIMEOUT_S) as http, \
+            ThreadPoolExecutor(1) as pool:
+        gateway = fleet.gateway()
+        worker = fleet.worker("w1")
+        fleet.wait_model_ready(gateway, "accumulator")
+        start = {"parameters": {"sequence_id": 7, "sequence_start": True},
+                 "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT32", "data": [5]}]}
+        answer = lose_the_next_request(fleet, worker, lambda: pool.submit(
+            http.post, f"http://{gateway.url}/v2/models/accumulator/infer", json=start), model="accumulator")
+        response = answer.result(timeout=CLIENT_TIMEOUT_S + 5)
+        assert response.status_code == 503, response.text
+        message = response.json()["error"]
+        assert "lost" in message and "not safe" in message and "accumulator" in message, message
+        assert sent_again(gateway) == []
