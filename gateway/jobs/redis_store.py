@@ -11,12 +11,13 @@ Redis errors leave as ``broker.errors.TransportError``.
 The commands go out with those due at the same time (``broker.redis_pipe``), a
 result's bytes written uncopied (one under 1 MB on a connection of its own):
 redis-py's own packer copies a 4 MB result for about 4.5 ms of CPU. A job is
-read on a connection of its own, so that its result holds up no other reply.
+read by one script that returns its result too where that is small (up to
+``SMALL_RESULT_BYTES``: most polls find a job unfinished, or a small answer);
+a larger result is then read on a connection of its own, so that it holds up
+no other reply.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from broker import channels
 from broker.errors import translated
@@ -44,6 +45,17 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], 'meta', ARGV[2], 'result', ARGV[3
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
+# ARGV: the largest result returned with the status. Returns {} for an unknown job, else
+# {status, meta, result} or, for a larger result, {status, meta}.
+_GET = """
+local fields = redis.call('HMGET', KEYS[1], 'status', 'meta')
+if not fields[2] then return {} end
+if redis.call('HSTRLEN', KEYS[1], 'result') <= tonumber(ARGV[1]) then
+  return {fields[1], fields[2], redis.call('HGET', KEYS[1], 'result') or ''}
+end
+return {fields[1], fields[2]}
+"""
+SMALL_RESULT_BYTES = 64 * 1024
 _QUEUED = (JobStatus.QUEUED.value,)
 _UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
@@ -56,6 +68,7 @@ class RedisJobStore:
         self._pipes = pipes_for(self._redis, large_alone=True)  # results wait on no other
         self._move_script = self._redis.register_script(_MOVE)
         self._create_script = self._redis.register_script(_CREATE)
+        self._get_script = self._redis.register_script(_GET)
 
     async def __aenter__(self) -> RedisJobStore:
         return self
@@ -72,11 +85,16 @@ class RedisJobStore:
     async def get(self, job_id: str) -> Job | None:
         key = channels.job_key(job_id, self._prefix)
         with translated(REDIS_ERRORS, "redis"):
-            fields = _fields(await self._pipes.call_for(key, "HGETALL", key, alone=True))  # a result
-        if b"meta" not in fields:
-            return None
-        status = JobStatus(fields.get(b"status", b"queued").decode())
-        return decode_meta(fields[b"meta"], status, bytes(fields.get(b"result", b"")))
+            reply = await run_script(self._pipes, self._get_script, (key,), (SMALL_RESULT_BYTES,))
+            if not reply:
+                return None
+            if len(reply) == 3:
+                result = reply[2]
+            else:  # a large one, read alone
+                result = await self._pipes.call_for(key, "HGET", key, "result", alone=True)
+                if result is None:  # expired since
+                    return None
+        return decode_meta(reply[1], JobStatus(reply[0].decode()), bytes(result))
 
     async def begin(self, job_id: str) -> bool:
         return await self._move(job_id, JobStatus.RUNNING, b"", _UNFINISHED)
@@ -102,10 +120,3 @@ class RedisJobStore:
         with translated(REDIS_ERRORS, "redis"):
             return bool(await run_script(self._pipes, self._move_script, (key,), (status.value, result, *sources)))
 
-
-def _fields(reply: Any) -> dict[Any, Any]:
-    """HGETALL's reply: a flat list of names and values over RESP2, a map over RESP3, or a dict
-    where the cluster client answered (it parses its replies)."""
-    if isinstance(reply, dict):
-        return reply
-    return dict(zip(reply[::2], reply[1::2]))

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from starlette.applications import Starlette
 
 from broker import channels
+from broker.redis_pipe import CommandPipe
 from broker.transport import Transport
 from broker.transports.memory import MemoryTransport
 from broker.transports.redis import RedisTransport
@@ -25,6 +26,7 @@ from gateway.catalog import ModelCatalog
 from gateway.jobs import JobStore, MemoryJobStore, RedisJobStore, build_jobs, open_job_store
 from gateway.jobs.job import Job, JobStatus, Rendering
 from gateway.jobs.prefer import prefers_async
+from gateway.jobs.redis_store import SMALL_RESULT_BYTES
 from broker.replies import ReplyRouter
 from gateway.service import InferenceService
 from gateway.v2_codec import RequestedOutput
@@ -336,6 +338,32 @@ async def test_the_redis_store_keeps_a_4_mb_result_and_outlives_a_script_flush(r
         await store.discard("a" * 32)
         assert await store.get("a" * 32) is None
     assert finished is not None and finished.status == JobStatus.SUCCEEDED and finished.result == result
+
+
+@pytest.mark.parametrize("size", [0, 64, SMALL_RESULT_BYTES, SMALL_RESULT_BYTES + 1, 300_000])
+async def test_a_redis_job_reads_back_whole_with_its_result_in_the_reply_or_read_alone(redis_url, size):
+    """A result up to SMALL_RESULT_BYTES comes back with the job's status, in the pipe; a larger
+    one is read alone, outside it (the pipe's round trips do not count it)."""
+    flushdb(redis_url)
+    result = np.random.default_rng(size).bytes(size)
+    async with RedisJobStore(redis_url, ttl_s=30) as store:
+        await store.create(a_job())
+        queued = await store.get("a" * 32)
+        assert await store.finish("a" * 32, JobStatus.SUCCEEDED, result)
+        pipe = store._pipes
+        assert isinstance(pipe, CommandPipe)
+        before = pipe.round_trips
+        finished = await store.get("a" * 32)
+        in_pipe = pipe.round_trips - before
+        async with aioredis.Redis.from_url(redis_url) as raw:
+            clients = await raw.execute_command("CLIENT", "LIST")
+    # A connection's last command: the large result's HGET on one of its own.
+    read_alone = b"cmd=hget" in (clients if isinstance(clients, bytes) else str(clients).encode())
+    assert read_alone == (size > SMALL_RESULT_BYTES), clients
+    assert queued is not None and queued.status == JobStatus.QUEUED and queued.result == b""
+    assert finished is not None and finished.status == JobStatus.SUCCEEDED and finished.result == result
+    assert finished.model == queued.model
+    assert in_pipe == 1  # the script; a large result's HGET went alone
 
 
 async def test_the_job_store_follows_the_broker_url(redis_url):
