@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -86,6 +87,8 @@ class SentLedger:
         self._sent: dict[str, Sent] = {}  # oldest first
         self._looked_at = 0  # the transport's failures when the ledger last looked
         self._relook_at: float | None = None  # when to look once more, on the ledger's clock
+        # Requests found lost, by (model, "sent_again" or "failed"), for /metrics.
+        self.counts: Counter[tuple[str, str]] = Counter()
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -174,12 +177,14 @@ class SentLedger:
             return
         log.warning("lost_requests.sent_again", request_id=request_id, channel=sent.channel,
                     lost_id=sent.message_id, message_id=message_id)
+        self.counts[sent.model, "sent_again"] += 1
         if self._sent.pop(request_id, None) is not None:  # not answered while it was being sent
             self._sent[request_id] = Sent(sent.channel, message_id, sent.model, sent.resend, self._clock())
 
     async def _give_up(self, request_id: str, sent: Sent, why: str) -> None:
         self._sent.pop(request_id, None)
         log.warning("lost_requests.failed", request_id=request_id, channel=sent.channel, lost_id=sent.message_id)
+        self.counts[sent.model, "failed"] += 1
         message = (f"the broker lost request {request_id} (message {sent.message_id} of '{sent.channel}') "
                    f"in a failure; {why}")
         await self._fail(Response(id=request_id, model=sent.model, error=ErrorInfo("unavailable", message)))

@@ -17,6 +17,7 @@ is sent again, or answered with an error, not left hanging.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import structlog
 
@@ -75,6 +76,11 @@ class ReplyRouter:
         """The request awaited as ``request_id`` is message ``message_id`` of ``channel``;
         ``resend`` publishes it again, where that is safe (see ``broker.lost_requests``)."""
         self._ledger.record(request_id, channel, message_id, model, resend)
+
+    @property
+    def lost(self) -> Counter[tuple[str, str]]:
+        """Requests the broker lost, by (model, "sent_again" or "failed")."""
+        return self._ledger.counts
 
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)

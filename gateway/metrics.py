@@ -113,6 +113,23 @@ class LivenessCollector(Collector):
         yield GaugeMetricFamily("ferry_workers_live", "Workers whose heartbeat is current.", value=len(live))
 
 
+class LostCollector(Collector):
+    """``ferry_lost_requests_total``: requests (``kind="request"``) and async jobs (``kind="job"``)
+    the broker lost in a failure, by model and what became of them (``broker.lost_requests``)."""
+
+    def __init__(self, requests: Counter[tuple[str, str]], jobs: Counter[tuple[str, str]]) -> None:
+        self._books = {"request": requests, "job": jobs}
+
+    def collect(self) -> Iterator[Metric]:
+        lost = CounterMetricFamily("ferry_lost_requests", "Requests the broker lost in a failure, "
+                                   "sent again (sent_again) or answered with an error (failed).",
+                                   labels=["model", "kind", "outcome"])
+        for kind, book in self._books.items():
+            for (model, outcome), count in sorted(book.items()):
+                lost.add_metric([model, kind, outcome], count)
+        yield lost
+
+
 class GatewayMetrics:
     """The registry behind a gateway's ``/metrics``, with the middleware and
     background poller that feed it."""
@@ -157,14 +174,16 @@ def metrics_route(registry: CollectorRegistry) -> Route:
 
 def gateway_metrics(settings: TelemetrySettings, broker: Backlog, catalog: ModelCatalog, workers: LiveWorkers,
                     prefix: str = channels.PREFIX, stats: StatsBook | None = None,
-                    worker_id: str = "") -> GatewayMetrics | None:
+                    worker_id: str = "", lost: LostCollector | None = None) -> GatewayMetrics | None:
     """The gateway's metrics, or None with ``--no-metrics``; ``stats`` is the
-    local worker's book (``ferry serve``)."""
+    local worker's book (``ferry serve``), ``lost`` what the broker lost."""
     if not settings.metrics:
         return None
     poller = BacklogPoller(broker, lambda: index_models(catalog.index), prefix, settings.backlog_interval_s)
     metrics = GatewayMetrics(lambda name: name in catalog.index.entries, poller)
     metrics.register(LivenessCollector(workers))
+    if lost is not None:
+        metrics.register(lost)
     if stats is not None:
         metrics.register(StatsCollector(stats, worker_id))
     return metrics

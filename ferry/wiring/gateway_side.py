@@ -26,7 +26,7 @@ from gateway.dashboard import Dashboard, build_dashboard
 from gateway.dashboard_sampler import WorkerBeats
 from gateway.jobs import JobService, JobSettings, JobStore, build_jobs
 from gateway.management import ModelManager
-from gateway.metrics import GatewayMetrics, LiveWorkers, gateway_metrics
+from gateway.metrics import GatewayMetrics, LiveWorkers, LostCollector, gateway_metrics
 from gateway.service import InferenceService, LocalWorker
 from gateway.grpc.server import GrpcServer
 from gateway.grpc.servicer import GrpcParts
@@ -81,7 +81,7 @@ class GatewaySide:
                                    claims=claims, local=local)
         jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
         metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
-                                  sources.stats, sources.local_worker)
+                                  sources.stats, sources.local_worker, LostCollector(router.lost, jobs.lost))
         manager = ModelManager(catalog, control, settings.management)
         regions = SharedMemoryRegions(settings.http.allow_client_shm)
         statistics = Statistics(catalog, sources.beats)

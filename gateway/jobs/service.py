@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -58,6 +59,11 @@ class JobService:
         if self._ledger is not None:
             await self._ledger.aclose()
         await self._store.aclose()
+
+    @property
+    def lost(self) -> Counter[tuple[str, str]]:
+        """Jobs whose requests the broker lost, by (model, "sent_again" or "failed")."""
+        return self._ledger.counts if self._ledger is not None else Counter()
 
     async def submit(self, model: str, version: str, parsed: ParsedInfer,
                      trace: dict[str, str] | None = None) -> Job:

@@ -54,6 +54,16 @@ def sent_again(gateway: Gateway) -> list[dict[str, Any]]:
     return [event for event in gateway.log_events() if event.get("event") == "lost_requests.sent_again"]
 
 
+def lost_metric(http: httpx.Client, gateway: Gateway, model: str, kind: str, outcome: str) -> float | None:
+    """``ferry_lost_requests_total`` for one model, kind and outcome on the gateway's /metrics."""
+    wanted = f'ferry_lost_requests_total{{kind="{kind}",model="{model}",outcome="{outcome}"}}'
+    for line in http.get(f"http://{gateway.url}/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == wanted:
+            return float(value)
+    return None
+
+
 def test_a_request_redis_lost_is_published_again_and_answered(redis_url: str, tmp_path: Path):
     flushdb(redis_url)
     repo = tmp_path / "repo"
@@ -70,6 +80,7 @@ def test_a_request_redis_lost_is_published_again_and_answered(redis_url: str, tm
         sums = next(o["data"] for o in response.json()["outputs"] if o["name"] == "OUTPUT0")
         assert sums == [6.0] * 16
         assert len(sent_again(gateway)) == 1, gateway.describe()
+        assert lost_metric(http, gateway, "add_sub", "request", "sent_again") == 1.0
 
 
 def test_an_async_job_redis_lost_is_published_again_and_succeeds(redis_url: str, tmp_path: Path):
@@ -97,6 +108,8 @@ def test_an_async_job_redis_lost_is_published_again_and_succeeds(redis_url: str,
         sums = next(o["data"] for o in result[0].json()["outputs"] if o["name"] == "OUTPUT0")
         assert sums == [8.0] * 16
         assert [event["request_id"] for event in sent_again(gateway)] == [job_id], gateway.describe()
+        assert lost_metric(http, gateway, "add_sub", "job", "sent_again") == 1.0
+        assert lost_metric(http, gateway, "add_sub", "request", "sent_again") is None
 
 
 def test_a_sequence_step_redis_lost_is_answered_503_not_sent_again(redis_url: str, tmp_path: Path):
@@ -119,3 +132,4 @@ def test_a_sequence_step_redis_lost_is_answered_503_not_sent_again(redis_url: st
         message = response.json()["error"]
         assert "lost" in message and "not safe" in message and "accumulator" in message, message
         assert sent_again(gateway) == []
+        assert lost_metric(http, gateway, "accumulator", "request", "failed") == 1.0
