@@ -3,8 +3,8 @@
 A job's reply goes to whichever gateway reads the shared job-reply channel first, so the
 gateway that submitted it cannot tell it answered from a reply of its own: the store can. A job
 still ``queued`` whose request is gone from its channel once the broker is back is published
-again: safe, since the store lets it begin and finish once however often it is delivered (a
-``begin`` on a running job confirms it; a second ``finish`` is refused). One that cannot be sent
+again: safe, since the store keeps one result however often it is delivered (should both copies
+run, the second ``finish`` is refused, so every poll reads the first). One that cannot be sent
 again is finished as failed, with an ``unavailable`` error that says so, rather than left
 queued until its TTL. The ledger keeps the jobs submitted in the last ``HORIZON_S`` seconds only:
 a broker loses what it acknowledged last (Redis with ``appendfsync everysec``: up to 2 s).
