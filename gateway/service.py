@@ -195,19 +195,25 @@ class InferenceService:
         sequence's session channel once known. Call the result with the reply.
 
         Should the broker lose it, a ``resendable`` request that is no sequence's step is
-        published again; any other is answered with an error (``broker.lost_requests``):
-        a step changes its sequence's state, and a stream's replies would interleave."""
+        published again, and a stream or a step published to its sequence's session channel
+        is answered with an error (``broker.lost_requests``): a step changes its sequence's
+        state, and a stream's replies would interleave. A step published to the model's
+        channel is not looked for: the worker that reads it may forward it to its sequence's
+        home and ack it, so its absence there proves nothing."""
         sequence_id = request.sequence_id
         if self._homes is None or sequence_id is None:
             channel, message_id = await self.publish(request)
-            resend = partial(self.resend, channel, request) if resendable and sequence_id is None else None
-            self._router.sent(request.id, channel, message_id, request.model, resend)
+            if sequence_id is None:
+                resend = partial(self.resend, channel, request) if resendable else None
+                self._router.sent(request.id, channel, message_id, request.model, resend)
             return _ignore
         homes, model = self._homes, request.model
         async with homes.ordered(model, sequence_id):
-            channel, message_id = await self.publish(request, await homes.channel(model, sequence_id))
+            home = await homes.channel(model, sequence_id)
+            channel, message_id = await self.publish(request, home)
             done = homes.published(model, sequence_id)
-        self._router.sent(request.id, channel, message_id, model, None)
+        if home is not None:  # read there by the home itself, never forwarded
+            self._router.sent(request.id, channel, message_id, model, None)
         return lambda response: homes.answered(model, sequence_id, request.sequence_end, response, done)
 
     def envelope(self, model: str, version: str, parsed: ParsedInfer, trace: dict[str, str] | None,

@@ -80,7 +80,9 @@ class JobService:
             except BaseException:
                 await self._store.discard(job_id)
                 raise
-            if self._ledger is not None:
+            # A sequence's step is not looked for: a worker may forward it to the sequence's home
+            # and ack it, and sent again it could be applied twice.
+            if self._ledger is not None and request.sequence_id is None:
                 self._ledger.record(job_id, channel, message_id, request.model,
                                     partial(self._inference.resend, channel, request))
             return job

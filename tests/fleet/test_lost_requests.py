@@ -33,11 +33,12 @@ def body(value: float) -> dict[str, object]:
                        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": data}]}
 
 
-def lose_the_next_request(fleet: Fleet, worker: FerryProcess, publish: Callable[[], T], model: str = MODEL) -> T:
-    """With ``worker`` stopped, ``publish`` a request; then the broker comes back without it:
-    the worker killed with whatever it had read, the entry deleted, every connection dropped.
-    Returns what ``publish`` returned; a second worker is started to answer."""
-    stream = redis_key(channels.request_channel(model))
+def lose_the_next_request(fleet: Fleet, worker: FerryProcess, publish: Callable[[], T],
+                          channel: str = channels.request_channel(MODEL)) -> T:
+    """With ``worker`` stopped, ``publish`` a request onto ``channel``; then the broker comes back
+    without it: the worker killed with whatever it had read, the entry deleted, every connection
+    dropped. Returns what ``publish`` returned; a second worker is started to answer."""
+    stream = redis_key(channel)
     worker.send(signal.SIGSTOP)  # reads nothing more; the model is still ready at the gateway
     added = fleet.entries_added(stream)
     published = publish()
@@ -114,22 +115,32 @@ def test_an_async_job_redis_lost_is_published_again_and_succeeds(redis_url: str,
 
 def test_a_sequence_step_redis_lost_is_answered_503_not_sent_again(redis_url: str, tmp_path: Path):
     """A step changes its sequence's state and may have been applied before the loss: sending it
-    again could apply it twice, so its client is told instead."""
+    again could apply it twice, so its client is told instead. (The gateway looks only for a
+    step it sent to its sequence's session channel: one on the model's channel may have been
+    forwarded by the worker that read it.)"""
     flushdb(redis_url)
     repo = tmp_path / "repo"
     write_accumulator(repo)
+    url = "/v2/models/accumulator/infer"
     with Fleet(redis_url, repo, tmp_path) as fleet, httpx.Client(timeout=CLIENT_TIMEOUT_S) as http, \
             ThreadPoolExecutor(1) as pool:
         gateway = fleet.gateway()
         worker = fleet.worker("w1")
         fleet.wait_model_ready(gateway, "accumulator")
-        start = {"parameters": {"sequence_id": 7, "sequence_start": True},
-                 "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT32", "data": [5]}]}
+        started = http.post(f"http://{gateway.url}{url}", json=step(5, start=True))
+        assert started.status_code == 200, started.text
+        home = started.json()["parameters"]["sequence_channel"]
+        assert home == channels.session_channel("accumulator", "w1")
         answer = lose_the_next_request(fleet, worker, lambda: pool.submit(
-            http.post, f"http://{gateway.url}/v2/models/accumulator/infer", json=start), model="accumulator")
+            http.post, f"http://{gateway.url}{url}", json=step(2)), channel=home)
         response = answer.result(timeout=CLIENT_TIMEOUT_S + 5)
         assert response.status_code == 503, response.text
         message = response.json()["error"]
-        assert "lost" in message and "not safe" in message and "accumulator" in message, message
+        assert "lost" in message and "not safe" in message and home in message, message
         assert sent_again(gateway) == []
         assert lost_metric(http, gateway, "accumulator", "request", "failed") == 1.0
+
+
+def step(x: int, start: bool = False) -> dict[str, object]:
+    return {"parameters": {"sequence_id": 7, "sequence_start": start},
+            "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT32", "data": [x]}]}

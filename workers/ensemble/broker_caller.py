@@ -57,10 +57,11 @@ class BrokerStepCaller:
         try:
             request = await self._claims.stash_request(request, claim_outputs=True)
             message_id = await self._publish(channel, request)
-            # Lost by the broker, a step is published again: a step's model keeps no state
-            # between requests, unless the step is a sequence's.
-            resend = partial(self._publish, channel, request) if request.sequence_id is None else None
-            self._router.sent(request.id, channel, message_id, request.model, resend)
+            if request.sequence_id is None:
+                # Lost by the broker, a step is published again: its model keeps no state between
+                # requests. (A sequence's step may be forwarded to its home, so gone proves nothing.)
+                self._router.sent(request.id, channel, message_id, request.model,
+                                  partial(self._publish, channel, request))
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
