@@ -39,9 +39,8 @@ class JobSettings:
 
 
 class JobService:
-    def __init__(self, inference: InferenceService, store: JobStore, replies: JobReplyConsumer,
-                 settings: JobSettings = JobSettings(), wall_ns: Callable[[], int] = time.time_ns,
-                 ledger: SentLedger | None = None) -> None:
+    def __init__(self, inference: InferenceService, store: JobStore, replies: JobReplyConsumer, ledger: SentLedger,
+                 settings: JobSettings = JobSettings(), wall_ns: Callable[[], int] = time.time_ns) -> None:
         self._inference = inference
         self._store = store
         self._replies = replies
@@ -51,19 +50,17 @@ class JobService:
 
     async def start(self) -> None:
         await self._replies.start()
-        if self._ledger is not None:
-            await self._ledger.start()
+        await self._ledger.start()
 
     async def aclose(self) -> None:
         await self._replies.aclose()
-        if self._ledger is not None:
-            await self._ledger.aclose()
+        await self._ledger.aclose()
         await self._store.aclose()
 
     @property
     def lost(self) -> Counter[tuple[str, str]]:
         """Jobs whose requests the broker lost, by (model, "sent_again" or "failed")."""
-        return self._ledger.counts if self._ledger is not None else Counter()
+        return self._ledger.counts
 
     async def submit(self, model: str, version: str, parsed: ParsedInfer,
                      trace: dict[str, str] | None = None) -> Job:
@@ -82,7 +79,7 @@ class JobService:
                 raise
             # A sequence's step is not looked for: a worker may forward it to the sequence's home
             # and ack it, and sent again it could be applied twice.
-            if self._ledger is not None and request.sequence_id is None:
+            if request.sequence_id is None:
                 self._ledger.record(job_id, channel, message_id, request.model,
                                     partial(self._inference.resend, channel, request))
             return job
@@ -106,7 +103,7 @@ def build_jobs(transport: Transport, store: JobStore, inference: InferenceServic
                settings: JobSettings = JobSettings()) -> JobService:
     """Jobs for one gateway; the service owns ``store`` and closes it."""
     replies = JobReplyConsumer(transport, store, gateway_id, settings.channel_prefix, settings.poll_timeout_s)
-    return JobService(inference, store, replies, settings, ledger=job_ledger(transport, store))
+    return JobService(inference, store, replies, job_ledger(transport, store), settings)
 
 
 def _plausible(job_id: str) -> bool:
