@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from broker import channels
 from broker.errors import translated
-from broker.redis_pipe import pipes_for, run_script
+from broker.redis_pipe import WRITE_BUDGET_BYTES, pipes_for, run_script
 from broker.redis_url import REDIS_ERRORS, async_client
 from gateway.jobs.job import Job, JobStatus, decode_meta, encode_meta
 from gateway.jobs.store import DEFAULT_TTL_S
@@ -55,7 +55,8 @@ if redis.call('HSTRLEN', KEYS[1], 'result') <= tonumber(ARGV[1]) then
 end
 return {fields[1], fields[2]}
 """
-SMALL_RESULT_BYTES = 64 * 1024
+# A result up to the size the pipe still sends with other commands comes back with its status, in the pipe.
+SMALL_RESULT_BYTES = WRITE_BUDGET_BYTES
 _QUEUED = (JobStatus.QUEUED.value,)
 _UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
@@ -119,4 +120,3 @@ class RedisJobStore:
         key = channels.job_key(job_id, self._prefix)
         with translated(REDIS_ERRORS, "redis"):
             return bool(await run_script(self._pipes, self._move_script, (key,), (status.value, result, *sources)))
-
