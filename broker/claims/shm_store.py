@@ -1,16 +1,19 @@
-"""Claim-checked bytes in files under /dev/shm, for senders and receivers on one host.
+"""Claim-checked bytes in /dev/shm, for senders and receivers on one host.
 
-A blob is a file ``ferry-claim-<owner>-<id>``. ``owner`` is the process that
-sent the request the blob belongs to and waits for its reply (its pid and start
-time): the worker deletes a request's inputs once it has acked it, and the owner
-takes (reads and deletes) its reply's outputs. Whatever is left once the owner
-is gone (SIGKILL included) can never be read by anyone who waits for it, so
-every store sweeps /dev/shm when it opens and then at most every ``sweep_s`` as
-it is used, removing the blobs of owners that are gone and any blob older than
-the TTL.
+A blob goes into a block of the writing process's arena
+(``broker.claims.shm_arena``) where one has room, else into a file of its own,
+``ferry-claim-<owner>-<id>``. ``owner`` is the process that sent the request
+the blob belongs to and waits for its reply (its pid and start time): the
+worker deletes a request's inputs once it has acked it, and the owner takes
+(reads and deletes) its reply's outputs. Whatever is left once the owner is
+gone (SIGKILL included) can never be read by anyone who waits for it, so every
+store sweeps /dev/shm when it opens and then at most every ``sweep_s`` as it is
+used, removing the blob files of owners that are gone, any blob file older than
+the TTL, and the arenas of writers that are gone (an arena reuses the blocks of
+owners that are gone, and of the TTL, itself).
 
-Claims are checked against the file-name pattern before any path is built, so a
-claim in a message from outside ferry cannot name another file.
+Claims are checked against the file-name patterns before any path is built, so
+a claim in a message from outside ferry cannot name another file.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 
 import structlog
 
+from broker.claims.shm_arena import ARENA_BYTES, CLAIM, Arena, ArenaReader
+from broker.claims.shm_arena import NAME as ARENA_NAME
 from broker.claims.store import claim_id, process_start, process_tag
 from broker.errors import ClaimMissing, TransportError
 
@@ -37,12 +42,18 @@ _NAME = re.compile(r"ferry-claim-(\d+)\.(\d+)-[0-9a-f]{32}")
 class ShmClaims:
     scheme = "shm"
 
-    def __init__(self, directory: Path = SHM, ttl_s: float = 900.0, sweep_s: float = 5.0) -> None:
+    def __init__(self, directory: Path = SHM, ttl_s: float = 900.0, sweep_s: float = 5.0,
+                 arena_bytes: int = ARENA_BYTES) -> None:
+        """``arena_bytes`` 0: a file per blob, no arena."""
         self._directory = directory
         self.owner = process_tag()
         self._ttl_s = ttl_s
         self._sweep_s = sweep_s
         self._swept_at = 0.0
+        self._arena_bytes = arena_bytes
+        self._arena: Arena | None = None  # made at the first put, so a process that only reads has none
+        self._arenas = ArenaReader(directory)
+        self._alive: dict[tuple[int, int], tuple[bool, float]] = {}
         self.sweep()
 
     async def put(self, blobs: Sequence[bytes | memoryview], ttl_s: float, owner: str) -> list[str]:
@@ -50,9 +61,15 @@ class ShmClaims:
         (a request from outside ferry) makes this process the owner."""
         self._maybe_sweep()
         owner = owner if _OWNER.fullmatch(owner) else self.owner
+        arena = self._arena_for_puts()
+        pid, start = (int(part) for part in owner.split("."))
         claims: list[str] = []
         try:
             for blob in blobs:
+                placed = arena.place(blob, pid, start) if arena and len(blob) <= arena.capacity // 4 else None
+                if placed is not None:
+                    claims.append(f"{self.scheme}:{placed}")
+                    continue
                 name = f"ferry-claim-{owner}-{uuid.uuid4().hex}"
                 claims.append(f"{self.scheme}:{name}")
                 self._write(self._directory / name, blob)
@@ -73,33 +90,67 @@ class ShmClaims:
 
     async def get(self, claims: Sequence[str], delete: bool = False) -> list[bytes]:
         self._maybe_sweep()
-        paths = [self._path(claim) for claim in claims]
+        ids = [self._id(claim) for claim in claims]
         blobs = []
-        for claim, path in zip(claims, paths):
+        for claim, name in zip(claims, ids):
+            if CLAIM.fullmatch(name):
+                blobs.append(self._arenas.read(name, release=delete))
+                continue
             try:
-                blobs.append(path.read_bytes())
+                blobs.append((self._directory / name).read_bytes())
             except FileNotFoundError:
                 raise ClaimMissing(f"claim '{claim}' is not in {self._directory} (expired, its owner died, or "
                                    "it was written on another host)") from None
             except OSError as exc:
                 raise ClaimMissing(f"claim '{claim}' cannot be read from {self._directory}: {exc}") from None
         if delete:
-            self._unlink(paths)
+            self._unlink([self._directory / name for name in ids if not CLAIM.fullmatch(name)])
         return blobs
 
     async def delete(self, claims: Sequence[str]) -> None:
-        self._unlink([self._path(claim) for claim in claims])
+        files = []
+        for name in (self._id(claim) for claim in claims):
+            if CLAIM.fullmatch(name):
+                self._arenas.release(name)
+            else:
+                files.append(self._directory / name)
+        self._unlink(files)
 
     async def aclose(self) -> None:
-        return None
+        """Unmaps what this process read and removes its arena: a reader that mapped it keeps its blocks."""
+        self._arenas.close()
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+
+    def live_blocks(self) -> int:
+        """Blocks of this process's arena not yet released (0 without one)."""
+        return self._arena.live_blocks() if self._arena is not None else 0
+
+    def _arena_for_puts(self) -> Arena | None:
+        if self._arena is None and self._arena_bytes:
+            self._arena = Arena.open(self._directory, self.owner, self._arena_bytes, self._ttl_s, self._lives)
+            self._arena_bytes = 0 if self._arena is None else self._arena_bytes  # tried once
+        return self._arena
+
+    def _lives(self, pid: int, start: int) -> bool:
+        """Whether the process ``pid`` started at ``start`` still runs; looked up at most once a second."""
+        now = time.monotonic()
+        known = self._alive.get((pid, start))
+        if known is None or now - known[1] > 1.0:
+            known = (process_start(pid) == start, now)
+            self._alive[(pid, start)] = known
+        return known[0]
 
     def sweep(self) -> int:
-        """Remove the blobs of owners that are gone and those past the TTL; returns how many."""
+        """Remove the blob files of owners that are gone and those past the TTL, and the arenas of
+        writers that are gone; returns how many files."""
         self._swept_at = time.monotonic()
         now, removed = time.time(), 0
         alive: dict[tuple[int, int], bool] = {}
+        self._alive.clear()
         for entry in os.scandir(self._directory):
-            found = _NAME.fullmatch(entry.name)
+            found = _NAME.fullmatch(entry.name) or ARENA_NAME.fullmatch(entry.name)
             if found is None:
                 continue
             pid, start = int(found.group(1)), int(found.group(2))
@@ -109,8 +160,16 @@ class ShmClaims:
                 continue
             if (pid, start) not in alive:
                 alive[(pid, start)] = process_start(pid) == start
-            if not alive[(pid, start)] or age > self._ttl_s:
+            if entry.name.startswith("ferry-arena-"):
+                if not alive[(pid, start)]:
+                    self._arenas.forget(entry.name)
+                    removed += self._unlink([Path(entry.path)])
+            elif not alive[(pid, start)] or age > self._ttl_s:
                 removed += self._unlink([Path(entry.path)])
+        for name in self._arenas.names():  # mapped here, its writer gone (its file perhaps removed elsewhere)
+            found = ARENA_NAME.fullmatch(name)
+            if found is not None and not self._lives(int(found.group(1)), int(found.group(2))):
+                self._arenas.forget(name)
         if removed:
             log.info("claims.swept", directory=str(self._directory), removed=removed)
         return removed
@@ -119,14 +178,15 @@ class ShmClaims:
         if time.monotonic() - self._swept_at >= self._sweep_s:
             self.sweep()
 
-    def _path(self, claim: str) -> Path:
+    def _id(self, claim: str) -> str:
+        """The claim's file name, or its arena block; nothing else."""
         try:
             name = claim_id(claim, self.scheme)
         except ValueError as exc:
             raise ClaimMissing(str(exc)) from None
-        if _NAME.fullmatch(name) is None:
-            raise ClaimMissing(f"claim '{claim[:80]}' does not name a ferry claim file")
-        return self._directory / name
+        if _NAME.fullmatch(name) is None and CLAIM.fullmatch(name) is None:
+            raise ClaimMissing(f"claim '{claim[:80]}' does not name a ferry claim file or arena block")
+        return name
 
     @staticmethod
     def _unlink(paths: Sequence[Path]) -> int:

@@ -1,5 +1,6 @@
-"""Claim-checked bytes in /dev/shm files: owned by the requester, taken or deleted once used,
-swept once the owner is gone or the TTL has passed, and never a path a claim can choose."""
+"""Claim-checked bytes in /dev/shm, in files (``arena_bytes=0``) and in a writer's arena: owned by
+the requester, taken or deleted once used, swept or reused once the owner is gone or the TTL has
+passed, and never a path a claim can choose. The arena's own rules are in test_claims_arena.py."""
 
 from __future__ import annotations
 
@@ -25,26 +26,41 @@ def blobs(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("ferry-claim-"))
 
 
-async def test_inputs_are_deleted_on_release_and_outputs_taken_by_their_reader(tmp_path: Path):
-    check = ClaimCheck(ShmClaims(tmp_path), ClaimSettings(threshold_bytes=1024))
+def held(store: ShmClaims, directory: Path) -> int:
+    """Blobs not yet deleted: files, and live blocks of the store's arena."""
+    return len(blobs(directory)) + store.live_blocks()
+
+
+@pytest.mark.parametrize("arena_bytes", [0, 1 << 20], ids=["files", "arena"])
+async def test_inputs_are_deleted_on_release_and_outputs_taken_by_their_reader(tmp_path: Path, arena_bytes: int):
+    store = ShmClaims(tmp_path, arena_bytes=arena_bytes)
+    check = ClaimCheck(store, ClaimSettings(threshold_bytes=1024))
     request = Request(id="r", model="m", inputs=(LARGE,), reply_to="x")
     stashed = await check.stash_request(request, claim_outputs=True)
-    assert blobs(tmp_path) == [stashed.inputs[0].claim.removeprefix("shm:")]
-    assert blobs(tmp_path)[0].startswith(f"ferry-claim-{process_tag()}-")
+    claim = stashed.inputs[0].claim
+    if arena_bytes:
+        assert claim.startswith(f"shm:ferry-arena-{process_tag()}@") and blobs(tmp_path) == []
+    else:
+        assert blobs(tmp_path) == [claim.removeprefix("shm:")]
+        assert blobs(tmp_path)[0].startswith(f"ferry-claim-{process_tag()}-")
+    assert held(store, tmp_path) == 1
     redeemed = await check.redeem_request(stashed)
     assert redeemed.inputs[0].data == LARGE.data
     await check.release(redeemed)
-    assert blobs(tmp_path) == []
+    assert held(store, tmp_path) == 0
 
     reply = await check.stash_response(Response(id="r", model="m", outputs=(LARGE,)), stashed)
-    assert len(blobs(tmp_path)) == 1
+    assert held(store, tmp_path) == 1
     assert (await check.redeem_response(reply)).outputs == (LARGE,)
-    assert blobs(tmp_path) == []
+    assert held(store, tmp_path) == 0
+    await check.aclose()
+    assert list(tmp_path.iterdir()) == []  # the arena goes with its writer's store
 
 
 @pytest.mark.parametrize("claim", [
     "shm:../../etc/passwd", "shm:/etc/passwd", "shm:ferry-claim-1.2-nothex", "shm:ferry-claim-1.2-" + "a" * 31,
-    "redis:" + "a" * 32,
+    "redis:" + "a" * 32, "shm:../ferry-arena-1.2@0:1:1", "shm:ferry-arena-1.2@0:1", "shm:ferry-arena-1.2/x@0:1:1",
+    "shm:ferry-arena-1.2@-64:1:1", "shm:ferry-arena-1.2@0:1:1",  # the last well formed, but no such arena
 ])
 async def test_a_claim_that_names_no_claim_file_is_refused_before_any_path_is_built(tmp_path: Path, claim: str):
     with pytest.raises(ClaimMissing):
@@ -52,7 +68,7 @@ async def test_a_claim_that_names_no_claim_file_is_refused_before_any_path_is_bu
 
 
 async def test_an_owner_tag_that_is_not_one_makes_this_process_the_owner(tmp_path: Path):
-    store = ShmClaims(tmp_path)
+    store = ShmClaims(tmp_path, arena_bytes=0)
     [claim] = await store.put([b"x"], 60, owner="../../evil")
     assert claim.startswith(f"shm:ferry-claim-{store.owner}-")
 
@@ -61,7 +77,7 @@ def test_the_blobs_of_a_killed_owner_are_swept_and_a_live_owners_kept_until_the_
     script = ("import asyncio, sys, time\n"
               "from pathlib import Path\n"
               "from broker.claims.shm_store import ShmClaims\n"
-              "asyncio.run(ShmClaims(Path(sys.argv[1])).put([b'x' * 1000], 60, ''))\n"
+              "asyncio.run(ShmClaims(Path(sys.argv[1]), arena_bytes=0).put([b'x' * 1000], 60, ''))\n"
               "print('written', flush=True)\n"
               "time.sleep(60)\n")
     child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=REPO_ROOT, stdout=subprocess.PIPE)

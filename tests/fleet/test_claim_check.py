@@ -113,15 +113,16 @@ def test_a_job_with_a_4mb_input_finishes_with_its_result_kept_whole(redis_url: s
         wait_for(lambda: claim_keys(fleet) == [], 10, "no claim key left", worker)
 
 
-def shm_blobs(owner_pid: int | None = None) -> list[str]:
-    """Claim files in /dev/shm (of the process ``owner_pid``, when given)."""
-    prefix = "ferry-claim-" + (f"{owner_pid}." if owner_pid else "")
-    return [path.name for path in Path("/dev/shm").iterdir() if path.name.startswith(prefix)]
+def shm_files(pid: int) -> list[str]:
+    """Claim files and arenas in /dev/shm that the process ``pid`` wrote or waits for."""
+    prefixes = (f"ferry-claim-{pid}.", f"ferry-arena-{pid}.")
+    return [path.name for path in Path("/dev/shm").iterdir() if path.name.startswith(prefixes)]
 
 
-def test_through_dev_shm_a_killed_worker_costs_a_redelivery_and_a_killed_gateway_leaves_no_file(
+def test_through_dev_shm_a_killed_worker_costs_a_redelivery_and_killed_processes_leave_no_file(
         redis_url: str, tmp_path: Path):
-    """``--claim-check-store shm``: the bytes cross in /dev/shm files owned by the gateway."""
+    """``--claim-check-store shm``: the bytes cross in the arenas of the gateway (inputs) and the
+    worker (outputs); a SIGKILLed worker's or gateway's arena is swept by the processes left."""
     flushdb(redis_url)
     write_slow_model(tmp_path / "repo", "big", 3.0, dims=(ELEMENTS,))
     x = np.random.default_rng(11).standard_normal(ELEMENTS).astype(np.float32)
@@ -130,23 +131,24 @@ def test_through_dev_shm_a_killed_worker_costs_a_redelivery_and_a_killed_gateway
         gateway = fleet.gateway(*shm)
         first = fleet.worker("w1", "--claim-idle-s", "1", *shm)
         fleet.wait_model_ready(gateway, "big")
+        np.testing.assert_array_equal(infer(gateway.url, x), 2 * x)
+        assert [name.split("-")[1] for name in shm_files(gateway.pid) + shm_files(first.pid)] == ["arena", "arena"]
 
-        # A worker SIGKILLed mid-request: the input waits in the gateway's file for the next worker.
-        answer = client.submit(infer, gateway.url, x)
+        # A worker SIGKILLed mid-request: the input waits in the gateway's arena for the next worker.
+        answer = client.submit(infer, gateway.url, x + 1)
         wait_for(lambda: fleet.pending("big", "w1") == 1, 30, "w1 to take the request", first)
-        assert len(shm_blobs(gateway.pid)) == 1
         first.kill()
         second = fleet.worker("w2", "--claim-idle-s", "1", *shm)
-        np.testing.assert_array_equal(answer.result(timeout=120), 2 * x)
-        wait_for(lambda: shm_blobs(gateway.pid) == [], 10, "the gateway's files to be deleted", second)
+        np.testing.assert_array_equal(answer.result(timeout=120), 2 * (x + 1))
+        wait_for(lambda: shm_files(first.pid) == [], 10, "the dead worker's arena to be swept", second)
 
-        # A gateway SIGKILLed mid-request: the worker answers into a file for a reader that is gone,
-        # and the next process to open a store sweeps it.
+        # A gateway SIGKILLed mid-request: the worker answers into its arena for a reader that is gone,
+        # and the next process to open a store sweeps the gateway's arena.
         answer = client.submit(infer, gateway.url, x)
         wait_for(lambda: fleet.pending("big", "w2") == 1, 30, "w2 to take the request", second)
         gateway.kill()
         wait_for(lambda: fleet.pending("big") == 0, 30, "w2 to answer and ack", second)
         fleet.gateway(*shm)
-        wait_for(lambda: shm_blobs(gateway.pid) == [], 30, "the dead gateway's files to be swept", second)
+        wait_for(lambda: shm_files(gateway.pid) == [], 30, "the dead gateway's arena to be swept", second)
         with pytest.raises(Exception):
             answer.result(timeout=30)
