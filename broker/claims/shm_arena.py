@@ -4,7 +4,7 @@ A new file per blob costs the kernel a file, fresh pages, and their freeing at
 the unlink: on a 2-core machine about 210 µs for a 301 KB tensor written, read
 and deleted, where copying it into pages already there and out again costs
 about 30 (benchmarks/README.md). So a process that claim-checks keeps one file,
-``ferry-arena-<pid>.<start time>``, its pages reserved up front
+``ferry-arena-<pid>.<start time>-<nonce>``, its pages reserved up front
 (``posix_fallocate``: a full /dev/shm fails here, never as a SIGBUS later), and
 places each blob in it as a block: a 64-byte header, then the bytes.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import secrets
 import struct
 import time
 from bisect import bisect_left, insort
@@ -42,8 +43,8 @@ log = structlog.get_logger("ferry.broker.claims")
 
 ARENA_BYTES = 32 * 1024 * 1024  # per writing process; at most an eighth of /dev/shm's free space
 MIN_ARENA_BYTES = 4 * 1024 * 1024  # below this a process writes files only
-NAME = re.compile(r"ferry-arena-(\d+)\.(\d+)")
-CLAIM = re.compile(r"(ferry-arena-\d+\.\d+)@(\d+):(\d+):(\d+)")  # file@offset:size:generation
+NAME = re.compile(r"ferry-arena-(\d+)\.(\d+)-[0-9a-f]{8}")
+CLAIM = re.compile(r"(ferry-arena-\d+\.\d+-[0-9a-f]{8})@(\d+):(\d+):(\d+)")  # file@offset:size:generation
 
 HEADER = 64  # bytes before each block's payload; blocks start on 64-byte boundaries
 _FIELDS = struct.Struct("<IIQQQQd")  # state, generation, size, span, reader pid, reader start, written at
@@ -87,7 +88,7 @@ class Arena:
             if capacity < min(wanted, MIN_ARENA_BYTES):
                 log.info("claims.arena_too_small", directory=str(directory), free_bytes=stats.f_bavail * stats.f_frsize)
                 return None
-            return cls(directory / f"ferry-arena-{tag}", capacity, ttl_s, alive)
+            return cls(directory / f"ferry-arena-{tag}-{secrets.token_hex(4)}", capacity, ttl_s, alive)
         except OSError as exc:
             log.warning("claims.arena_unavailable", directory=str(directory), error=str(exc))
             return None
@@ -97,14 +98,16 @@ class Arena:
         return self.path.name
 
     def place(self, blob: bytes | memoryview, reader_pid: int, reader_start: int) -> str | None:
-        """The claim id of ``blob`` placed in a gap, or None when no gap is large enough."""
-        size = len(blob)
+        """The claim id of ``blob`` placed in a gap, or None when it is larger than a quarter of
+        the arena (it would crowd out the rest) or no gap is large enough."""
+        view = memoryview(blob).cast("B")
+        size = view.nbytes
         span = HEADER + _round_up(size, HEADER)
-        offset = self._gap(span)
+        offset = self._gap(span) if span <= self.capacity // 4 else None
         if offset is None:
             return None
         self._generation = (self._generation + 1) & 0xFFFFFFFF
-        self._map[offset + HEADER:offset + HEADER + size] = blob
+        self._map[offset + HEADER:offset + HEADER + size] = view
         _FIELDS.pack_into(self._map, offset, _LIVE, self._generation, size, span, reader_pid, reader_start, time.time())
         insort(self._starts, offset)
         self._spans[offset] = span
@@ -123,8 +126,6 @@ class Arena:
 
     def _gap(self, span: int) -> int | None:
         """Next fit from the cursor, round the file at most once, reusing released blocks on the way."""
-        if span > self.capacity:
-            return None
         cursor, wrapped = self._cursor, False
         while True:
             if wrapped and cursor >= self._cursor:

@@ -66,7 +66,7 @@ class ShmClaims:
         claims: list[str] = []
         try:
             for blob in blobs:
-                placed = arena.place(blob, pid, start) if arena and len(blob) <= arena.capacity // 4 else None
+                placed = arena.place(blob, pid, start) if arena is not None else None
                 if placed is not None:
                     claims.append(f"{self.scheme}:{placed}")
                     continue

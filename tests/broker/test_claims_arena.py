@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from broker.claims.shm_store import ShmClaims
@@ -44,8 +45,9 @@ async def test_released_space_is_reused_so_the_arena_carries_many_times_its_size
             first, oldest = in_flight.pop(0)
             assert await reader.get([oldest], delete=True) == [blob(first)]
     assert files(tmp_path) == [] and writer.live_blocks() == 2
-    assert arenas(tmp_path) == [f"ferry-arena-{writer.owner}"]
-    assert (tmp_path / arenas(tmp_path)[0]).stat().st_size == CAPACITY
+    [arena] = arenas(tmp_path)
+    assert arena.startswith(f"ferry-arena-{writer.owner}-")
+    assert (tmp_path / arena).stat().st_size == CAPACITY
     await writer.aclose()
     await reader.aclose()
     assert arenas(tmp_path) == []
@@ -144,3 +146,12 @@ async def test_a_killed_writers_arena_is_swept_and_a_reader_forgets_its_mapping(
     assert reader.sweep() == 0  # the reader drops its mapping all the same: the memory goes
     with pytest.raises(ClaimMissing, match="its writer is gone"):
         await reader.get([claim])
+
+
+async def test_two_stores_in_one_process_have_an_arena_each_and_a_typed_view_goes_in_whole(tmp_path: Path):
+    first, second = ShmClaims(tmp_path, arena_bytes=CAPACITY), ShmClaims(tmp_path, arena_bytes=CAPACITY)
+    floats = np.arange(1000, dtype=np.float32)
+    [one] = await first.put([memoryview(floats)], 60, first.owner)  # 4,000 bytes in a view of 1,000 items
+    [two] = await second.put([b"y" * 10], 60, first.owner)
+    assert len(arenas(tmp_path)) == 2 and one.split("@")[0] != two.split("@")[0]
+    assert one.endswith(":4000:1") and await second.get([one, two]) == [floats.tobytes(), b"y" * 10]

@@ -39,7 +39,7 @@ async def test_inputs_are_deleted_on_release_and_outputs_taken_by_their_reader(t
     stashed = await check.stash_request(request, claim_outputs=True)
     claim = stashed.inputs[0].claim
     if arena_bytes:
-        assert claim.startswith(f"shm:ferry-arena-{process_tag()}@") and blobs(tmp_path) == []
+        assert claim.startswith(f"shm:ferry-arena-{process_tag()}-") and blobs(tmp_path) == []
     else:
         assert blobs(tmp_path) == [claim.removeprefix("shm:")]
         assert blobs(tmp_path)[0].startswith(f"ferry-claim-{process_tag()}-")
@@ -60,7 +60,8 @@ async def test_inputs_are_deleted_on_release_and_outputs_taken_by_their_reader(t
 @pytest.mark.parametrize("claim", [
     "shm:../../etc/passwd", "shm:/etc/passwd", "shm:ferry-claim-1.2-nothex", "shm:ferry-claim-1.2-" + "a" * 31,
     "redis:" + "a" * 32, "shm:../ferry-arena-1.2@0:1:1", "shm:ferry-arena-1.2@0:1", "shm:ferry-arena-1.2/x@0:1:1",
-    "shm:ferry-arena-1.2@-64:1:1", "shm:ferry-arena-1.2@0:1:1",  # the last well formed, but no such arena
+    "shm:ferry-arena-1.2-0a0b0c0d@-64:1:1", "shm:ferry-arena-1.2@0:1:1",
+    "shm:ferry-arena-1.2-0a0b0c0d@0:1:1",  # well formed, but no such arena
 ])
 async def test_a_claim_that_names_no_claim_file_is_refused_before_any_path_is_built(tmp_path: Path, claim: str):
     with pytest.raises(ClaimMissing):
