@@ -211,6 +211,8 @@ class ArenaReader:
             raise ClaimMissing(f"arena '{name}' cannot be opened in {self._directory}: {exc}") from None
         try:
             mapped = mmap.mmap(fd, 0)
+        except (OSError, ValueError) as exc:  # an empty file of that name, say: not an arena
+            raise ClaimMissing(f"arena '{name}' cannot be mapped from {self._directory}: {exc}") from None
         finally:
             os.close(fd)
         self._maps[name] = mapped

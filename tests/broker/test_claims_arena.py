@@ -155,3 +155,11 @@ async def test_two_stores_in_one_process_have_an_arena_each_and_a_typed_view_goe
     [two] = await second.put([b"y" * 10], 60, first.owner)
     assert len(arenas(tmp_path)) == 2 and one.split("@")[0] != two.split("@")[0]
     assert one.endswith(":4000:1") and await second.get([one, two]) == [floats.tobytes(), b"y" * 10]
+
+
+async def test_a_file_named_like_an_arena_that_is_none_is_a_missing_claim(tmp_path: Path):
+    store = ShmClaims(tmp_path)
+    name = f"ferry-arena-{store.owner}-0a0b0c0d"  # of a live process, so no sweep removes it
+    (tmp_path / name).touch()
+    with pytest.raises(ClaimMissing, match="cannot be mapped"):
+        await store.get([f"shm:{name}@0:1:1"])
