@@ -3,10 +3,11 @@
 A new file per blob costs the kernel a file, fresh pages, and their freeing at
 the unlink: on a 2-core machine about 210 µs for a 301 KB tensor written, read
 and deleted, where copying it into pages already there and out again costs
-about 30 (benchmarks/README.md). So a process that claim-checks keeps one file,
+about 30 (benchmarks/README.md). So a process that claim-checks keeps a file, an arena,
 ``ferry-arena-<pid>.<start time>-<nonce>``, its pages reserved up front
 (``posix_fallocate``: a full /dev/shm fails here, never as a SIGBUS later), and
-places each blob in it as a block: a 64-byte header, then the bytes.
+places each blob in it as a block: a 64-byte header, then the bytes. When a blob
+finds no room in its arenas, the process makes another, up to ``ARENAS``.
 
 The header says whether the block is live or released, a generation (so a claim
 names one use of the block, not whatever is there later), the size, and who the
@@ -15,10 +16,10 @@ maps the writer's file and copies the bytes out; releasing a block is one
 4-byte store in its header. The writer reuses the space of released blocks as
 its cursor comes round to them, and of blocks whose reader is gone or whose TTL
 has passed; a live block is stepped over, so one that is never released holds
-only its own space. When no gap is large enough the store writes a file of its
-own for that blob, as before.
+only its own space. When no arena has a gap large enough and no more may be
+made, the store writes a file of its own for that blob, as before.
 
-The file goes when its writer closes the store, or, once the writer is gone
+An arena goes when its writer closes the store, or, once the writer is gone
 (SIGKILL included), at the next sweep of any store on the host; a reader that
 has mapped it keeps what it mapped until it is done.
 """
@@ -41,7 +42,8 @@ from broker.errors import ClaimMissing
 
 log = structlog.get_logger("ferry.broker.claims")
 
-ARENA_BYTES = 32 * 1024 * 1024  # per writing process; at most an eighth of /dev/shm's free space
+ARENA_BYTES = 32 * 1024 * 1024  # each; at most an eighth of /dev/shm's free space when it is made
+ARENAS = 4  # at most, per writing process: a further arena is made only when those there are full
 MIN_ARENA_BYTES = 4 * 1024 * 1024  # below this a process writes files only
 NAME = re.compile(r"ferry-arena-(\d+)\.(\d+)-[0-9a-f]{8}")
 CLAIM = re.compile(r"(ferry-arena-\d+\.\d+-[0-9a-f]{8})@(\d+):(\d+):(\d+)")  # file@offset:size:generation
@@ -149,6 +151,50 @@ class Arena:
         if state != _LIVE:
             return True
         return time.time() - written_at > self._ttl_s or not self._alive(pid, start)
+
+
+class Arenas:
+    """A writing process's arenas: a first one at its first blob, another (up to ``count``) only
+    when a blob finds no gap in those there."""
+
+    def __init__(self, directory: Path, tag: str, size: int, count: int, ttl_s: float,
+                 alive: Callable[[int, int], bool]) -> None:
+        self._directory, self._tag, self._size, self._ttl_s, self._alive = directory, tag, size, ttl_s, alive
+        self._room = count if size else 0  # arenas still to make
+        self._arenas: list[Arena] = []
+        self._current = 0  # the arena that took the last blob: tried first
+
+    def place(self, blob: bytes | memoryview, reader_pid: int, reader_start: int) -> str | None:
+        """The blob's claim id in an arena, or None: no arena has a gap for it and no more can be made."""
+        arenas = self._arenas
+        for step in range(len(arenas)):
+            index = (self._current + step) % len(arenas)
+            placed = arenas[index].place(blob, reader_pid, reader_start)
+            if placed is not None:
+                self._current = index
+                return placed
+        if not self._room:
+            return None
+        self._room -= 1
+        arena = Arena.open(self._directory, self._tag, self._size, self._ttl_s, self._alive)
+        if arena is None:
+            self._room = 0  # /dev/shm has no room for one: files from now on
+            return None
+        arenas.append(arena)
+        self._current = len(arenas) - 1
+        return arena.place(blob, reader_pid, reader_start)
+
+    def count(self) -> int:
+        return len(self._arenas)
+
+    def live_blocks(self) -> int:
+        return sum(arena.live_blocks() for arena in self._arenas)
+
+    def close(self) -> None:
+        for arena in self._arenas:
+            arena.close()
+        self._arenas.clear()
+        self._room = 0
 
 
 class ArenaReader:

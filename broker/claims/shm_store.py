@@ -27,7 +27,7 @@ from pathlib import Path
 
 import structlog
 
-from broker.claims.shm_arena import ARENA_BYTES, CLAIM, Arena, ArenaReader
+from broker.claims.shm_arena import ARENA_BYTES, ARENAS, CLAIM, ArenaReader, Arenas
 from broker.claims.shm_arena import NAME as ARENA_NAME
 from broker.claims.store import claim_id, process_start, process_tag
 from broker.errors import ClaimMissing, TransportError
@@ -43,17 +43,16 @@ class ShmClaims:
     scheme = "shm"
 
     def __init__(self, directory: Path = SHM, ttl_s: float = 900.0, sweep_s: float = 5.0,
-                 arena_bytes: int = ARENA_BYTES) -> None:
-        """``arena_bytes`` 0: a file per blob, no arena."""
+                 arena_bytes: int = ARENA_BYTES, arenas: int = ARENAS) -> None:
+        """Up to ``arenas`` arenas of ``arena_bytes`` each; 0 of either: a file per blob."""
         self._directory = directory
         self.owner = process_tag()
         self._ttl_s = ttl_s
         self._sweep_s = sweep_s
         self._swept_at = 0.0
-        self._arena_bytes = arena_bytes
-        self._arena: Arena | None = None  # made at the first put, so a process that only reads has none
-        self._arenas = ArenaReader(directory)
         self._alive: dict[tuple[int, int], tuple[bool, float]] = {}
+        self._written = Arenas(directory, self.owner, arena_bytes, arenas, ttl_s, self._lives)
+        self._arenas = ArenaReader(directory)
         self.sweep()
 
     async def put(self, blobs: Sequence[bytes | memoryview], ttl_s: float, owner: str) -> list[str]:
@@ -61,12 +60,11 @@ class ShmClaims:
         (a request from outside ferry) makes this process the owner."""
         self._maybe_sweep()
         owner = owner if _OWNER.fullmatch(owner) else self.owner
-        arena = self._arena_for_puts()
         pid, start = (int(part) for part in owner.split("."))
         claims: list[str] = []
         try:
             for blob in blobs:
-                placed = arena.place(blob, pid, start) if arena is not None else None
+                placed = self._written.place(blob, pid, start)
                 if placed is not None:
                     claims.append(f"{self.scheme}:{placed}")
                     continue
@@ -117,21 +115,13 @@ class ShmClaims:
         self._unlink(files)
 
     async def aclose(self) -> None:
-        """Unmaps what this process read and removes its arena: a reader that mapped it keeps its blocks."""
+        """Unmaps what this process read and removes its arenas: a reader that mapped one keeps its blocks."""
         self._arenas.close()
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None
+        self._written.close()
 
     def live_blocks(self) -> int:
-        """Blocks of this process's arena not yet released (0 without one)."""
-        return self._arena.live_blocks() if self._arena is not None else 0
-
-    def _arena_for_puts(self) -> Arena | None:
-        if self._arena is None and self._arena_bytes:
-            self._arena = Arena.open(self._directory, self.owner, self._arena_bytes, self._ttl_s, self._lives)
-            self._arena_bytes = 0 if self._arena is None else self._arena_bytes  # tried once
-        return self._arena
+        """Blocks of this process's arenas not yet released."""
+        return self._written.live_blocks()
 
     def _lives(self, pid: int, start: int) -> bool:
         """Whether the process ``pid`` started at ``start`` still runs; looked up at most once a second."""

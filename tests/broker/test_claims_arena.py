@@ -1,7 +1,8 @@
 """A writer's arena in /dev/shm (``broker.claims.shm_arena``, through ``ShmClaims``): its space
 reused once blocks are released, a block never released stepped over, a block whose reader died
 or whose TTL passed reused, a claim to a reused block refused rather than answered with another
-blob's bytes, blobs that do not fit written as files, and the arena of a killed writer swept."""
+blob's bytes, another arena made when those there are full and files past the last, and the arena
+of a killed writer swept."""
 
 from __future__ import annotations
 
@@ -64,15 +65,19 @@ async def test_a_block_never_released_is_stepped_over_and_still_read_whole(tmp_p
     assert await reader.get([kept]) == [blob(7)]
 
 
-async def test_a_full_arena_and_a_blob_too_large_for_it_fall_back_to_files(tmp_path: Path):
-    writer, reader = ShmClaims(tmp_path, arena_bytes=CAPACITY), ShmClaims(tmp_path)
-    claims = [(await writer.put([blob(n)], 60, reader.owner))[0] for n in range(12)]
-    in_arena = [c for c in claims if c.startswith("shm:ferry-arena-")]
-    assert len(in_arena) == 10 and len(files(tmp_path)) == 2
-    [large] = await writer.put([bytes(CAPACITY // 4 + 1)], 60, reader.owner)
+async def test_full_arenas_make_another_up_to_their_count_then_blobs_go_to_files(tmp_path: Path):
+    writer, reader = ShmClaims(tmp_path, arena_bytes=CAPACITY, arenas=2), ShmClaims(tmp_path)
+    claims = [(await writer.put([blob(n)], 60, reader.owner))[0] for n in range(25)]
+    assert len(arenas(tmp_path)) == 2 and len(files(tmp_path)) == 5
+    assert [c.split("@")[0] for c in claims[:20]] == [claims[0].split("@")[0]] * 10 + [claims[10].split("@")[0]] * 10
+    [large] = await writer.put([bytes(CAPACITY // 4 + 1)], 60, reader.owner)  # would crowd an arena out
     assert large.startswith("shm:ferry-claim-")
-    assert await reader.get(claims, delete=True) == [blob(n) for n in range(12)]
+    assert await reader.get(claims, delete=True) == [blob(n) for n in range(25)]
     assert len(files(tmp_path)) == 1 and writer.live_blocks() == 0
+    [again] = await writer.put([blob(0)], 60, reader.owner)  # the arenas there are used again
+    assert again.startswith("shm:ferry-arena-") and len(arenas(tmp_path)) == 2
+    await writer.aclose()
+    assert arenas(tmp_path) == []
 
 
 async def test_a_claim_to_a_reused_block_is_refused_not_answered_with_another_blobs_bytes(tmp_path: Path):
@@ -101,7 +106,7 @@ async def test_blocks_for_a_reader_that_died_or_past_the_ttl_are_reused(tmp_path
     finally:
         child.kill()
         child.wait()
-    writer = ShmClaims(tmp_path, arena_bytes=CAPACITY, ttl_s=60)
+    writer = ShmClaims(tmp_path, arena_bytes=CAPACITY, arenas=1, ttl_s=60)
     for n in range(10):  # fill the arena for a reader that is gone
         [claim] = await writer.put([blob(n)], 60, dead_owner)
         assert claim.startswith("shm:ferry-arena-")
@@ -109,7 +114,7 @@ async def test_blocks_for_a_reader_that_died_or_past_the_ttl_are_reused(tmp_path
     assert claim.startswith("shm:ferry-arena-") and files(tmp_path) == []
 
     (tmp_path / "ttl").mkdir()
-    short = ShmClaims(tmp_path / "ttl", arena_bytes=CAPACITY, ttl_s=0.2)
+    short = ShmClaims(tmp_path / "ttl", arena_bytes=CAPACITY, arenas=1, ttl_s=0.2)
     for n in range(10):  # a reader that lives but never reads
         await short.put([blob(n)], 60, writer.owner)
     [spilled] = await short.put([blob(10)], 60, writer.owner)
