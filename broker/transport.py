@@ -99,6 +99,17 @@ class Reclaiming(Protocol):
 
 
 @runtime_checkable
+class Renewing(Protocol):
+    """A transport on which another member of a group takes over a delivery left unacked for the
+    claim threshold even while its holder still handles it (Redis): the holder renews those."""
+
+    async def renew(self, channel: str, group: str, consumer: str, message_ids: Sequence[str],
+                    min_idle_s: float) -> int:
+        """Make those of ``message_ids`` that ``consumer`` holds, unacked ``min_idle_s`` or more, as
+        if just delivered (their delivery counts kept); returns how many were."""
+
+
+@runtime_checkable
 class Holding(Protocol):
     """A transport that can tell whether messages are still in their channel, for a broker
     that may come back from a failure without messages it had acknowledged (Redis)."""

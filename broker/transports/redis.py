@@ -73,6 +73,20 @@ local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
 return id
 """
+# Renew: each id still pending with this consumer, idle at least ARGV[3] ms and not released,
+# is made just delivered (its delivery count kept). KEYS: the stream; ARGV: group, consumer,
+# min idle ms, the released idle ms, then the ids.
+_RENEW = """
+local renewed = 0
+for i = 5, #ARGV do
+  local entry = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+  if entry and entry[2] == ARGV[2] and entry[3] >= tonumber(ARGV[3]) and entry[3] < tonumber(ARGV[4]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
 # How often a fetch over channels on several slots of a Redis Cluster looks at them again.
 CROSS_SLOT_POLL_S = 0.05
 # XAUTOCLAIM scans a bounded number of pending entries per call; a sweep stops
@@ -101,6 +115,7 @@ class RedisTransport(BaseTransport):
         self._closing: set[asyncio.Task[Any]] = set()  # of those, the ones closing cancelled
         self._trim_acked = self._redis.register_script(_TRIM_ACKED)
         self._reply_and_ack = self._redis.register_script(_REPLY_AND_ACK)
+        self._renew = self._redis.register_script(_RENEW)
         # The commands of every request (a publish; a reply and an ack) go out together with
         # those due at the same time (broker.redis_pipe): on one connection to one
         # server, on one per master of a cluster. On one server, reads skip redis-py's command
@@ -199,6 +214,17 @@ class RedisTransport(BaseTransport):
                 redis_key(delivery.channel), delivery.group, delivery.consumer or "released", 0, [delivery.message_id],
                 idle=RELEASED_IDLE_MS, retrycount=delivery.attempts, justid=True,
             )
+
+    async def renew(self, channel: str, group: str, consumer: str, message_ids: Sequence[str],
+                    min_idle_s: float) -> int:
+        """Those of ``message_ids`` this consumer holds, idle ``min_idle_s`` or more, made just delivered
+        (their delivery counts kept), so no other member's ``claim_stale`` takes them; a delivery
+        released for a retry, or taken over by another member meanwhile, is left as it is."""
+        if not message_ids:
+            return 0
+        with self._guarded():
+            return int(await self._renew(keys=[redis_key(channel)], args=[
+                group, consumer, int(min_idle_s * 1000), RELEASED_IDLE_MS // 2, *message_ids]))
 
     async def claim_stale(
         self, channel: str, group: str, consumer: str, min_idle_s: float, max_count: int

@@ -186,6 +186,32 @@ async def test_a_reply_redis_refuses_leaves_its_request_pending(redis_url: str):
         assert await transport.backlog("c", "g") == (0, 1), "acked without its reply"
 
 
+async def test_a_renewed_delivery_is_not_claimed_while_its_holder_renews_it(redis_url: str):
+    """Redis hands another member a delivery left unacked past the threshold even while its holder
+    computes it; ``renew`` resets those the holder has, and nothing else."""
+    flushdb(redis_url)
+    idle = 1.0  # wide margins: each step below must fall on its side of the threshold
+    async with RedisTransport(redis_url) as transport:
+        for body in (b"slow", b"taken", b"retry"):
+            await transport.publish("c", body)
+        slow, taken, retry = await transport.fetch("c", "g", "a", 3, 0)
+        assert await transport.renew("c", "g", "a", [], idle / 2) == 0
+        await asyncio.sleep(idle * 0.6)
+        await transport.release(retry)  # given up for a retry elsewhere: renewing must not keep it
+        # Only what "a" holds, unacked half the threshold: not "b"'s, however long.
+        assert await transport.renew("c", "g", "b", [slow.message_id], idle / 2) == 0
+        assert await transport.renew("c", "g", "a", [slow.message_id, retry.message_id], idle / 2) == 1
+        assert await transport.renew("c", "g", "a", [slow.message_id], idle / 2) == 0  # just renewed
+        await asyncio.sleep(idle * 0.6)  # "taken" is past the threshold now, "slow" is not
+        claimed = await transport.claim_stale("c", "g", "b", idle, 10)
+        assert sorted(d.payload for d in claimed) == [b"retry", b"taken"]
+        assert [d.attempts for d in claimed] == [2, 2]
+        await asyncio.sleep(idle * 0.6)
+        (late,) = await transport.claim_stale("c", "g", "b", idle, 10)
+        assert (late.payload, late.attempts) == (b"slow", 2)  # its count kept through the renewal
+        assert await transport.renew("c", "g", "a", [slow.message_id], 0) == 0  # "b" holds it now
+
+
 async def test_headers_travel_with_the_message(transport: AnyTransport):
     await transport.publish("c", b"body", key="k1", headers=(("content-type", b"application/json"), ("x", b"")))
     (delivery,) = await transport.fetch("c", "g", "a", 1, 0)

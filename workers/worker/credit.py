@@ -98,6 +98,10 @@ class InFlight:
     async def join(self) -> None:
         await asyncio.gather(*self._handlers.values(), return_exceptions=True)
 
+    def handling(self, channel: str) -> list[str]:
+        """The message ids of ``channel`` whose handlers run now."""
+        return [message_id for (held, message_id) in self._handlers if held == channel]
+
     def _handler_done(self, task: asyncio.Task[None], credit: Credit, key: tuple[str, str]) -> None:
         self._handlers.pop(key, None)
         credit.used -= 1

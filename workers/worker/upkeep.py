@@ -5,6 +5,14 @@ handles them like fresh ones (see ``workers.recovery``), trims what every
 group has acked, and takes over dead workers' session channels (see
 ``workers.sequences.sessions``), handling what they left pending before reading
 anything new there.
+
+On a broker where other workers would take over a request this one still
+computes once it has been unacked for ``recovery.idle_s`` (Redis), it renews
+those it handles that have been unacked half that long, their delivery counts
+kept: a batch slower than the claim threshold is computed once, by the worker
+that has it, while that worker lives (without renewal the worker's own claims
+took it back each threshold, counting a delivery each time, so a worker that
+then died left it dead-lettered as delivered too often).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import structlog
 
 from broker import channels
 from broker.errors import TransportClosed, TransportError
-from broker.transport import Reclaiming, Transport
+from broker.transport import Reclaiming, Renewing, Transport
 from workers.model_set import ModelSet
 from workers.sequences.sessions import SessionRouting
 from workers.worker.consumer import Active, Channels
@@ -58,6 +66,8 @@ class Upkeep:
         # Only request channels: what sits pending on a session channel is
         # this worker's own work, already being handled in sequence order.
         for channel in self._channels.requests(model):
+            if isinstance(self._transport, Renewing):
+                await self._renew(self._transport, model, channel)
             if isinstance(self._transport, Reclaiming):
                 await self._reclaim(self._transport, model, channel, self._settings.recovery.idle_s)
         for channel in self._channels.all(model):
@@ -104,6 +114,28 @@ class Upkeep:
             log.info("worker.claimed_in_hand", channel=channel, count=len(deliveries) - started, worker_id=worker_id)
         if started:
             log.info("worker.claimed", channel=channel, count=started, worker_id=worker_id)
+
+    @property
+    def _renew_after_s(self) -> float:
+        """Renewed once unacked half the claim threshold, or sooner where upkeep comes round less
+        often than that: two rounds before the threshold at the latest."""
+        recovery = self._settings.recovery
+        return max(0.0, min(recovery.idle_s / 2, recovery.idle_s - 2 * recovery.interval_s))
+
+    async def _renew(self, transport: Renewing, model: str, channel: str) -> None:
+        handling = self._in_flight.handling(channel)
+        if not handling:
+            return
+        group = channels.worker_group(model, self._settings.channel_prefix)
+        try:
+            renewed = await transport.renew(channel, group, self._settings.worker_id, handling, self._renew_after_s)
+        except TransportClosed:
+            return
+        except Exception as exc:
+            log.warning("worker.renew_failed", channel=channel, error=str(exc))
+            return
+        if renewed:
+            log.debug("worker.renewed", channel=channel, count=renewed)
 
     async def _trim(self, channel: str) -> None:
         try:
