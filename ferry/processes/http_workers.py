@@ -41,19 +41,21 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
     """Serve ``ferry serve`` or ``ferry gateway`` as ``count`` HTTP processes until SIGTERM/SIGINT."""
     with ExitStack() as stack:
         args = argparse.Namespace(**vars(args))
+        kept: list[EmbeddedValkey] = []
         if urlsplit(args.broker).scheme == "memory":
             if args.retry_failures is None:
                 args.retry_failures = False  # as on the embedded broker: one worker, no one else to retry
             if not args.claim_check_store:
                 args.claim_check_store = "shm"  # every process is on this host (docs/claim-check.md)
-            args.broker = stack.enter_context(EmbeddedValkey()).url
+            kept.append(stack.enter_context(EmbeddedValkey()))
+            args.broker = kept[0].url
         port = _reserve(stack, args.host, args.http_port)
         for platform_port in serve_settings(args).platform_ports:
             _reserve(stack, args.host, platform_port)
         children = [_gateway(args, port, index) for index in range(count)]
         if args.command == "serve":
             children.insert(0, _worker(args))
-        return Supervisor(children).run()
+        return Supervisor(children, kept=kept).run()
 
 
 def _reserve(stack: ExitStack, host: str, port: int) -> int:

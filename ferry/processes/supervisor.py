@@ -3,6 +3,10 @@ starts no threads and no event loop, forked again when it dies, and stopped
 with SIGTERM (then SIGKILL after a grace period) when the supervisor is
 asked to stop. A child that keeps failing right after it starts (a port taken,
 a broker URL that is wrong) stops the whole group rather than spinning.
+
+A ``Kept`` process (the bundled Valkey server) is one the supervisor's owner
+started and stops, after the children: the supervisor only restarts it when
+it dies, through the same reaping.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
@@ -34,6 +39,16 @@ class Child:
     run: Callable[[], object]  # runs in the forked process; its end is the process's end
 
 
+class Kept(Protocol):
+    name: str
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def restart(self) -> None:
+        """Start it again, its last process exited and reaped; raises when it cannot start."""
+
+
 @dataclass(slots=True)
 class _Running:
     child: Child
@@ -43,8 +58,10 @@ class _Running:
 
 
 class Supervisor:
-    def __init__(self, children: Sequence[Child], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, children: Sequence[Child], clock: Callable[[], float] = time.monotonic,
+                 kept: Sequence[Kept] = ()) -> None:
         self._children = list(children)
+        self._kept = list(kept)
         self._clock = clock
         self._running: dict[int, _Running] = {}
         self._stopping = False
@@ -77,7 +94,10 @@ class Supervisor:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return False
-        if pid == 0 or pid not in self._running:
+        if pid == 0:
+            return False
+        if pid not in self._running:
+            self._restart_kept(pid, status)
             return False
         gone = self._running.pop(pid)
         if self._stopping:
@@ -93,6 +113,19 @@ class Supervisor:
         time.sleep(RESTART_PAUSE_S)
         self._start(gone.child, quick)
         return True
+
+    def _restart_kept(self, pid: int, status: int) -> None:
+        kept = next((k for k in self._kept if k.pid == pid), None)
+        if kept is None or self._stopping:
+            return
+        log.warning("process.exited", process=kept.name, pid=pid, status=_describe(status))
+        try:
+            kept.restart()
+        except Exception as exc:
+            log.error("process.gave_up", process=kept.name, error=str(exc))
+            self._stopping = self._gave_up = True
+            return
+        log.info("process.started", process=kept.name, pid=kept.pid)
 
     def _stop_all(self) -> None:
         for pid in self._running:

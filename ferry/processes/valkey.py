@@ -7,6 +7,11 @@ against the single process in ``benchmarks/bench_http_workers.py``, keeps one
 transport for both. It listens on a free loopback port, keeps nothing on disk
 (no RDB, no AOF: the queue lives as long as the command), and dies with the
 process that started it.
+
+If it dies first (the OOM killer, say), the supervisor starts it again on the
+same port (``restart``): what it held is gone, and the processes reconnect. A
+gateway sends its plain requests that were waiting again and answers the rest
+with a 503 (``broker.lost_requests``); async jobs it held are gone with it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def valkey_binary() -> Path:
 
 
 class EmbeddedValkey:
+    name = "valkey"
+
     def __init__(self, binary: Path | None = None) -> None:
         self._binary = binary
         self._process: subprocess.Popen[bytes] | None = None
@@ -63,10 +70,25 @@ class EmbeddedValkey:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def start(self) -> None:
-        binary = self._binary or valkey_binary()
         self._dir = tempfile.mkdtemp(prefix="ferry-valkey-")
         self.port = _free_port()
+        self._launch()
+
+    def restart(self) -> None:
+        """Start the server again on its port, once the one before has exited (and been reaped)."""
+        if self._process is not None:
+            self._process.poll()  # reaped elsewhere: Popen records it as gone
+            self._process = None
+        self._launch()
+
+    def _launch(self) -> None:
+        assert self._dir is not None
+        binary = self._binary or valkey_binary()
         command = [str(binary), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self._dir,
                    "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
                    "--logfile", str(self._log)]

@@ -10,8 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
 
 from ferry.processes.http_workers import default_http_workers
 from tests.procfs import child_pids, listens_on
@@ -134,6 +137,53 @@ def test_a_killed_http_process_is_replaced_and_the_port_keeps_answering(served) 
     assert _add(url, 50, seed=1) == 50
     _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS and victim not in http_pids(process.pid),
           "the killed HTTP process replaced")
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(lambda seed: _add(url, 25, seed), range(8))) == 200
+
+
+def test_a_killed_valkey_server_is_restarted_and_no_request_hangs_on_it(served) -> None:
+    """The bundled server SIGKILLed under load: it starts again on its port, every request is
+    answered (right, or with an error while it was down; those waiting on it are sent again or
+    refused, none left to time out), and all is served right again afterwards."""
+    url, process = served
+    [server] = [pid for pid, name in children(process.pid).items() if name == "valkey-server"]
+    stop, outcomes = threading.Event(), Counter()
+
+    def load(seed: int) -> None:
+        client = triton.InferenceServerClient(url, connection_timeout=30, network_timeout=60)
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            a, b = rng.random((1, 16), dtype=np.float32), rng.random((1, 16), dtype=np.float32)
+            inputs = [triton.InferInput("INPUT0", [1, 16], "FP32"), triton.InferInput("INPUT1", [1, 16], "FP32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(b)
+            started = time.monotonic()
+            try:
+                result = client.infer("add_sub", inputs)
+                outcomes["right" if np.array_equal(result.as_numpy("OUTPUT0"), a + b) else "wrong"] += 1
+            except InferenceServerException as exc:
+                outcomes[f"error {exc.status()}"] += 1
+            outcomes["slow"] += time.monotonic() - started > 20
+        client.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        running = [pool.submit(load, seed) for seed in range(8)]
+        try:
+            _wait(lambda: outcomes["right"] >= 200, "requests answered before the kill")
+            os.kill(server, signal.SIGKILL)
+            _wait(lambda: any(name == "valkey-server" and pid != server
+                              for pid, name in children(process.pid).items()), "the Valkey server started again", 30)
+            _wait(lambda: all(_model_ready(int(url.rsplit(":", 1)[1])) for _ in range(16 * HTTP_WORKERS)),
+                  "add_sub ready on every process again")
+            answered = outcomes["right"]
+            _wait(lambda: outcomes["right"] >= answered + 200, "requests answered after the restart")
+        finally:
+            stop.set()
+        for future in running:
+            future.result(timeout=90)
+    assert outcomes["wrong"] == 0 and outcomes["slow"] == 0, outcomes
+    assert set(outcomes) <= {"right", "slow", "wrong", "error 503", "error 500"}, outcomes
+    assert process.poll() is None
     with ThreadPoolExecutor(8) as pool:
         assert sum(pool.map(lambda seed: _add(url, 25, seed), range(8))) == 200
 
