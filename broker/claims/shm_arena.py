@@ -184,9 +184,6 @@ class Arenas:
         self._current = len(arenas) - 1
         return arena.place(blob, reader_pid, reader_start)
 
-    def count(self) -> int:
-        return len(self._arenas)
-
     def live_blocks(self) -> int:
         return sum(arena.live_blocks() for arena in self._arenas)
 

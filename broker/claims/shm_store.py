@@ -90,8 +90,8 @@ class ShmClaims:
         self._maybe_sweep()
         ids = [self._id(claim) for claim in claims]
         blobs = []
-        for claim, name in zip(claims, ids):
-            if CLAIM.fullmatch(name):
+        for claim, (name, in_arena) in zip(claims, ids):
+            if in_arena:
                 blobs.append(self._arenas.read(name, release=delete))
                 continue
             try:
@@ -102,13 +102,13 @@ class ShmClaims:
             except OSError as exc:
                 raise ClaimMissing(f"claim '{claim}' cannot be read from {self._directory}: {exc}") from None
         if delete:
-            self._unlink([self._directory / name for name in ids if not CLAIM.fullmatch(name)])
+            self._unlink([self._directory / name for name, in_arena in ids if not in_arena])
         return blobs
 
     async def delete(self, claims: Sequence[str]) -> None:
         files = []
-        for name in (self._id(claim) for claim in claims):
-            if CLAIM.fullmatch(name):
+        for name, in_arena in (self._id(claim) for claim in claims):
+            if in_arena:
                 self._arenas.release(name)
             else:
                 files.append(self._directory / name)
@@ -168,15 +168,17 @@ class ShmClaims:
         if time.monotonic() - self._swept_at >= self._sweep_s:
             self.sweep()
 
-    def _id(self, claim: str) -> str:
-        """The claim's file name, or its arena block; nothing else."""
+    def _id(self, claim: str) -> tuple[str, bool]:
+        """The claim's file name, or its arena block (and True); nothing else."""
         try:
             name = claim_id(claim, self.scheme)
         except ValueError as exc:
             raise ClaimMissing(str(exc)) from None
-        if _NAME.fullmatch(name) is None and CLAIM.fullmatch(name) is None:
+        if CLAIM.fullmatch(name) is not None:
+            return name, True
+        if _NAME.fullmatch(name) is None:
             raise ClaimMissing(f"claim '{claim[:80]}' does not name a ferry claim file or arena block")
-        return name
+        return name, False
 
     @staticmethod
     def _unlink(paths: Sequence[Path]) -> int:

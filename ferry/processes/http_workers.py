@@ -47,8 +47,9 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
                 args.retry_failures = False  # as on the embedded broker: one worker, no one else to retry
             if not args.claim_check_store:
                 args.claim_check_store = "shm"  # every process is on this host (docs/claim-check.md)
-            kept.append(stack.enter_context(EmbeddedValkey()))
-            args.broker = kept[0].url
+            valkey = stack.enter_context(EmbeddedValkey())
+            kept.append(valkey)
+            args.broker = valkey.url
         port = _reserve(stack, args.host, args.http_port)
         for platform_port in serve_settings(args).platform_ports:
             _reserve(stack, args.host, platform_port)
