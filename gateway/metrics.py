@@ -173,17 +173,16 @@ def metrics_route(registry: CollectorRegistry) -> Route:
 
 
 def gateway_metrics(settings: TelemetrySettings, broker: Backlog, catalog: ModelCatalog, workers: LiveWorkers,
-                    prefix: str = channels.PREFIX, stats: StatsBook | None = None,
-                    worker_id: str = "", lost: LostCollector | None = None) -> GatewayMetrics | None:
-    """The gateway's metrics, or None with ``--no-metrics``; ``stats`` is the
-    local worker's book (``ferry serve``), ``lost`` what the broker lost."""
+                    lost: LostCollector, prefix: str = channels.PREFIX, stats: StatsBook | None = None,
+                    worker_id: str = "") -> GatewayMetrics | None:
+    """The gateway's metrics, or None with ``--no-metrics``; ``lost`` is what the broker lost,
+    ``stats`` the local worker's book (``ferry serve``)."""
     if not settings.metrics:
         return None
     poller = BacklogPoller(broker, lambda: index_models(catalog.index), prefix, settings.backlog_interval_s)
     metrics = GatewayMetrics(lambda name: name in catalog.index.entries, poller)
     metrics.register(LivenessCollector(workers))
-    if lost is not None:
-        metrics.register(lost)
+    metrics.register(lost)
     if stats is not None:
         metrics.register(StatsCollector(stats, worker_id))
     return metrics

@@ -137,8 +137,7 @@ class ShmClaims:
         writers that are gone; returns how many files."""
         self._swept_at = time.monotonic()
         now, removed = time.time(), 0
-        alive: dict[tuple[int, int], bool] = {}
-        self._alive.clear()
+        self._alive.clear()  # looked up afresh, once per process, by _lives
         for entry in os.scandir(self._directory):
             found = _NAME.fullmatch(entry.name) or ARENA_NAME.fullmatch(entry.name)
             if found is None:
@@ -148,13 +147,11 @@ class ShmClaims:
                 age = now - entry.stat().st_mtime
             except FileNotFoundError:
                 continue
-            if (pid, start) not in alive:
-                alive[(pid, start)] = process_start(pid) == start
             if entry.name.startswith("ferry-arena-"):
-                if not alive[(pid, start)]:
+                if not self._lives(pid, start):
                     self._arenas.forget(entry.name)
                     removed += self._unlink([Path(entry.path)])
-            elif not alive[(pid, start)] or age > self._ttl_s:
+            elif not self._lives(pid, start) or age > self._ttl_s:
                 removed += self._unlink([Path(entry.path)])
         for name in self._arenas.names():  # mapped here, its writer gone (its file perhaps removed elsewhere)
             found = ARENA_NAME.fullmatch(name)

@@ -80,8 +80,8 @@ class GatewaySide:
                                    limits=QueueLimits(transport, prefix), tracer=gateway_tracer(tracing),
                                    claims=claims, local=local)
         jobs = build_jobs(transport, store, service, settings.gateway_id, JobSettings(channel_prefix=prefix))
-        metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers, prefix,
-                                  sources.stats, sources.local_worker, LostCollector(router.lost, jobs.lost))
+        metrics = gateway_metrics(settings.telemetry, transport, catalog, sources.workers,
+                                  LostCollector(router.lost, jobs.lost), prefix, sources.stats, sources.local_worker)
         manager = ModelManager(catalog, control, settings.management)
         regions = SharedMemoryRegions(settings.http.allow_client_shm)
         statistics = Statistics(catalog, sources.beats)
