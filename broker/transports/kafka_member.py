@@ -7,6 +7,10 @@ not the application is fetching; when the inbox is full it pauses every
 assigned partition and keeps polling, so a worker busy with a long batch
 never overruns ``max.poll.interval.ms`` and triggers a rebalance (the storm
 where every slow batch evicts its worker and hands its partitions around).
+While paused it waits between polls for the event loop to take from the
+inbox, and resumes as soon as there is room: a poll of paused partitions
+would only sit out its timeout, and the member would fetch no more than a
+full inbox per poll interval.
 
 Acks are recorded in the inbox at once; the thread commits each partition's
 acked prefix asynchronously on its next turn (at most ``poll_interval_ms``
@@ -58,6 +62,7 @@ from broker.transports.kafka_watch import Watch
 log = structlog.get_logger("ferry.broker.kafka")
 
 RETRY_PAUSE_S = 0.5
+PAUSED_POLL_MS = 20
 CLOSE_TIMEOUT_MS = 5_000
 
 
@@ -93,6 +98,8 @@ class GroupMember:
         self._catch_ups: list[_CatchUp] = []
         self._limit = settings.buffer_records
         self._stopping = threading.Event()
+        self._room = threading.Event()  # set by the event loop when it takes from a full inbox
+        self._paused = False  # the thread waits on _room
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"ferry-kafka-{group}-{consumer}", daemon=True)
         self._thread.start()
@@ -140,12 +147,16 @@ class GroupMember:
         self._closed = True
         self._wake()
         self._stopping.set()
+        self._room.set()
         await asyncio.to_thread(self._thread.join)
 
     def _take(self, channels: Sequence[str], max_count: int) -> list[Delivery]:
         if self._closed:
             raise TransportClosed("kafka transport is closed")
-        return self.inbox.take(channels, max_count)
+        taken = self.inbox.take(channels, max_count)
+        if taken and self._paused and not self._full():
+            self._room.set()
+        return taken
 
     async def _wait(self, timeout_s: float) -> None:
         waiter = self._loop.create_future()
@@ -242,9 +253,14 @@ class GroupMember:
         if self._topics != self._subscribed:
             self._subscribe(consumer)
         self._commit(consumer)
-        self._flow(consumer)
         self._write_marks(consumer)
-        batches = consumer.poll(timeout_ms=self._settings.poll_interval_ms)
+        paused = self._flow(consumer)
+        if paused:
+            self._wait_for_room()
+            paused = self._flow(consumer)  # resumed at once if the event loop took from it
+        # Still paused: a short poll, which fetches nothing but keeps the member in its group (with
+        # polls of 0 ms, a member fell out of its group past max.poll.interval.ms in the test suite).
+        batches = consumer.poll(timeout_ms=PAUSED_POLL_MS if paused else self._settings.poll_interval_ms)
         records = [self._record(r) for batch in batches.values() for r in batch]
         if records:
             self._open_new(consumer, records)
@@ -305,14 +321,32 @@ class GroupMember:
 
         consumer.commit_async(commit_offsets(due, self._namespace), callback=done)
 
-    def _flow(self, consumer: KafkaConsumer) -> None:
+    def _full(self) -> bool:
         count, size = self.inbox.buffered
-        if count >= self._limit or size >= self._settings.buffer_bytes:
+        return count >= self._limit or size >= self._settings.buffer_bytes
+
+    def _flow(self, consumer: KafkaConsumer) -> bool:
+        """Pause every assigned partition while the inbox is full, resume them once it is not;
+        whether they are paused now."""
+        if self._full():
             assigned = consumer.assignment()
             if assigned - consumer.paused():
                 consumer.pause(*assigned)
-        elif consumer.paused():
+            return bool(assigned)
+        if consumer.paused():
             consumer.resume(*consumer.paused())
+        return False
+
+    def _wait_for_room(self) -> None:
+        """Until the event loop takes from the full inbox, or one poll interval (commits and the
+        watch have their turn then)."""
+        self._room.clear()
+        self._paused = True  # (after the clear: a take from now on sets it again)
+        try:
+            if self._full():
+                self._room.wait(self._settings.poll_interval_ms / 1000)
+        finally:
+            self._paused = False
 
     def _serve_catch_ups(self, consumer: KafkaConsumer) -> None:
         while not self._requests.empty():

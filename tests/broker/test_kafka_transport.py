@@ -115,6 +115,38 @@ async def test_after_a_death_each_ack_releases_the_next_message_at_once(kafka_bo
     assert elapsed < count * 0.3, f"{count} messages one at a time took {elapsed:.1f} s"
 
 
+async def test_a_full_inbox_resumes_fetching_as_soon_as_it_has_room(kafka_bootstrap: str):
+    """Messages arrive faster than they are handled, so the member's inbox fills and its
+    partitions are paused. Taking from it must resume them then, not after a poll interval
+    (10 s here) spent polling paused partitions: that capped a worker at a full inbox per
+    poll interval (about 300 requests/s over Kafka with the defaults)."""
+    config = settings(kafka_bootstrap, partitions=1, buffer_records=2, poll_interval_ms=10_000)
+    count = 20
+    async with KafkaTransport(config) as transport:
+        await transport.publish("c", b"first")
+        (first,) = await transport.fetch("c", "g", "a", 1, 30)  # joined and reading
+        await transport.ack(first)
+        started = time.monotonic()
+
+        async def publish_fast() -> None:
+            for n in range(count):
+                await transport.publish("c", f"m{n}".encode())
+                await asyncio.sleep(0.01)
+
+        publishing = asyncio.create_task(publish_fast())
+        handled: list[Delivery] = []
+        async with asyncio.timeout(30):
+            while len(handled) < count:
+                for delivery in await transport.fetch("c", "g", "a", 1, 10):
+                    await asyncio.sleep(0.05)  # slower than they come: the inbox fills
+                    await transport.ack(delivery)
+                    handled.append(delivery)
+        await publishing
+        elapsed = time.monotonic() - started
+    assert payloads(handled) == [f"m{n}".encode() for n in range(count)]
+    assert elapsed < 6, f"{count} messages took {elapsed:.1f} s: fetching resumed only after a poll interval"
+
+
 async def test_a_clean_leave_counts_nothing(kafka_bootstrap: str):
     config = settings(kafka_bootstrap, partitions=1)
     async with KafkaTransport(config) as first:

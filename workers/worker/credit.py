@@ -1,8 +1,14 @@
 """Deliveries taken and not yet answered, counted against each model's credit.
 
-Each delivery taken becomes a handler task holding one unit of its model's
-credit until it is answered and acked (or left pending for another try); a
-model's consumer fetches only while its credit has room.
+Each delivery taken becomes a handler task that holds its model's credit in
+two ways: as *computing* until its response is computed, and as *in hand* until
+it is answered and acked (or left pending for another try). A model's consumer
+fetches only while fewer than its ``limit`` (its instances' capacity times
+``--prefetch``) are computing and fewer than its ``ceiling`` are in hand. So a
+reply on its way to the broker (a Kafka produce waits for its acks, a few ms)
+no longer keeps the next request from being fetched and computed meanwhile,
+while what waits for compute in this worker stays bounded by ``limit``, the
+rest left on the broker for an idle worker to take.
 
 A delivery this worker is still handling is not handled twice: a claim of
 stale deliveries can hand back one whose handler is only slow (a reply held
@@ -24,20 +30,23 @@ from broker.transport import Delivery
 
 log = structlog.get_logger("ferry.worker")
 
-Handle = Callable[[str, Delivery], Coroutine[Any, Any, None]]  # (model, delivery)
+# (model, delivery, computed): ``computed`` is called once the delivery's response is computed.
+Handle = Callable[[str, Delivery, Callable[[], None]], Coroutine[Any, Any, None]]
 
 
 class Credit:
     """How many more deliveries one model may take."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
+    def __init__(self, limit: int, ceiling: int) -> None:
+        self.limit = limit  # computing, or waiting to
+        self.ceiling = ceiling  # in hand in all, computed ones whose replies are on their way included
+        self.used = 0  # in hand
+        self.computing = 0  # of those, not yet computed
         self.freed = asyncio.Event()
 
     @property
     def room(self) -> int:
-        return max(0, self.limit - self.used)
+        return max(0, min(self.limit - self.computing, self.ceiling - self.used))
 
     async def wait_for_room(self, active: Callable[[], bool]) -> None:
         while self.room == 0 and active():
@@ -61,9 +70,9 @@ class InFlight:
     def credit(self, model: str) -> Credit | None:
         return self._credits.get(model)
 
-    def size(self, model: str, limit: int) -> Credit:
-        credit = self._credits.setdefault(model, Credit(limit))
-        credit.limit = limit
+    def size(self, model: str, limit: int, ceiling: int) -> Credit:
+        credit = self._credits.setdefault(model, Credit(limit, ceiling))
+        credit.limit, credit.ceiling = limit, max(limit, ceiling)
         credit.freed.set()
         return credit
 
@@ -88,10 +97,10 @@ class InFlight:
             key = (delivery.channel, delivery.message_id)
             if key in self._handlers:
                 continue
-            credit.used += 1
-            task = asyncio.create_task(self._handle(model, delivery))
+            hold = _Hold(credit)
+            task = asyncio.create_task(self._handle(model, delivery, hold.computed))
             self._handlers[key] = task
-            task.add_done_callback(partial(self._handler_done, credit=credit, key=key))
+            task.add_done_callback(partial(self._handler_done, hold=hold, key=key))
             started += 1
         return started
 
@@ -102,13 +111,36 @@ class InFlight:
         """The message ids of ``channel`` whose handlers run now."""
         return [message_id for (held, message_id) in self._handlers if held == channel]
 
-    def _handler_done(self, task: asyncio.Task[None], credit: Credit, key: tuple[str, str]) -> None:
+    def _handler_done(self, task: asyncio.Task[None], hold: _Hold, key: tuple[str, str]) -> None:
         self._handlers.pop(key, None)
-        credit.used -= 1
-        credit.freed.set()
+        hold.settled()
         error = None if task.cancelled() else task.exception()
         if isinstance(error, TransportError):
             # The broker went away mid-delivery; what was not acked is claimed again once idle.
             log.warning("worker.handler_interrupted", error=str(error), retry_after_s=self._retry_after_s)
         elif error is not None:
             log.error("worker.handler_failed", error=repr(error))
+
+
+class _Hold:
+    """One delivery's share of its model's credit: computing until ``computed`` (or settled
+    without it: an error, a forward, a stream's end), in hand until ``settled``."""
+
+    __slots__ = ("_credit", "_computing")
+
+    def __init__(self, credit: Credit) -> None:
+        self._credit = credit
+        self._computing = True
+        credit.used += 1
+        credit.computing += 1
+
+    def computed(self) -> None:
+        if self._computing:
+            self._computing = False
+            self._credit.computing -= 1
+            self._credit.freed.set()
+
+    def settled(self) -> None:
+        self.computed()
+        self._credit.used -= 1
+        self._credit.freed.set()

@@ -100,7 +100,9 @@ class DeliveryHandler:
         self._wall_ns = wall_ns
         self._claims = claims
 
-    async def handle(self, model: str, delivery: Delivery) -> None:
+    async def handle(self, model: str, delivery: Delivery, computed: Callable[[], None]) -> None:
+        """Handle one delivery; ``computed`` is called once its response is computed, before
+        the reply goes out (``workers.worker.credit``)."""
         received = self._wall_ns()
         # Every log line about this delivery (this task's) carries these, and its ids once known.
         bind_contextvars(model=model, worker_id=self._worker_id)
@@ -117,7 +119,7 @@ class DeliveryHandler:
         with self._observed(request, received) as timeline:
             redeemed = await self._redeemed(model, delivery, request, timeline)
             if redeemed is not None:
-                await self._handle_request(model, delivery, redeemed, timeline)
+                await self._handle_request(model, delivery, redeemed, timeline, computed)
 
     async def answer(self, request: Request) -> Response:
         """A plain request (neither a sequence's step nor a decoupled model's, not a job's)
@@ -151,18 +153,20 @@ class DeliveryHandler:
         timeline.outcome, timeline.done_ns = outcome, self._wall_ns()
         self._observer.finished(timeline)
 
-    async def _handle_request(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> None:
+    async def _handle_request(self, model: str, delivery: Delivery, request: Request, timeline: Timeline,
+                              computed: Callable[[], None]) -> None:
         if self._models.decoupled(model):
             await self._stream(model, delivery, request, timeline)
             return
         if request.sequence_id is not None and self._models.stateful(model):
             async with self._locks.hold(model, request.sequence_id):
-                await self._serve_step(model, delivery, request, timeline)
+                await self._serve_step(model, delivery, request, timeline, computed)
             return
         if not await self._may_start(delivery, request, timeline):
             log.info("worker.job_skipped", model=model, request_id=request.id)
             return
         response = await self._respond(model, request, timeline)
+        computed()
         if response.error is not None and self._models.retries_failures(model) and \
                 await self._replier.retry_or_give_up(delivery, response.error, timeline):
             return
@@ -176,7 +180,8 @@ class DeliveryHandler:
         timeline.outcome = CANCELLED
         return False
 
-    async def _serve_step(self, model: str, delivery: Delivery, request: Request, timeline: Timeline) -> None:
+    async def _serve_step(self, model: str, delivery: Delivery, request: Request, timeline: Timeline,
+                          computed: Callable[[], None]) -> None:
         """One step of a sequence: here, or forwarded to the worker holding it."""
         try:
             route = await self._sessions.route(model, request, delivery.channel)
@@ -191,6 +196,7 @@ class DeliveryHandler:
         if not await self._may_start(delivery, request, timeline):
             return
         response = await self._respond(model, request, timeline)
+        computed()
         if route.home is not None:
             response = dataclasses.replace(response, parameters={**response.parameters, CHANNEL_PARAMETER: route.home})
         await self._replier.reply(model, delivery, request, response)

@@ -166,7 +166,7 @@ class Worker:
         """Size the model's credit to its runners and make sure it is consumed."""
         capacity = max(runner.capacity for runner in served.runners.values())
         limit = max(1, min(self._settings.max_in_flight, capacity * max(1, self._settings.prefetch)))
-        credit = self._in_flight.size(model, limit)
+        credit = self._in_flight.size(model, limit, self._settings.max_in_flight)
         if served.entry.config.response_cache.enable and not self._caches:
             log.warning("cache.not_configured", model=model,
                         detail="response_cache is on in its config, but no --cache-config was given: nothing is cached")

@@ -16,8 +16,8 @@ class WorkerSettings:
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     models: tuple[str, ...] = ()  # empty: every model in the repository
     fetch_count: int = 64
-    max_in_flight: int = 512
-    prefetch: int = 2  # rounds of a model's instance capacity held in flight
+    max_in_flight: int = 512  # deliveries of one model in hand, computed ones whose replies are on their way included
+    prefetch: int = 2  # rounds of a model's instance capacity taken to compute (computing, or waiting to)
     poll_timeout_s: float = 1.0
     channel_prefix: str = channels.PREFIX
     recovery: RecoverySettings = RecoverySettings()
