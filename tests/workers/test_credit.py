@@ -4,24 +4,17 @@ while their replies are on their way (``workers.worker.credit``)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
-import numpy as np
 import redis.asyncio as aioredis
 
 from broker import channels
 from broker.claims.check import ClaimCheck, ClaimSettings
 from broker.claims.redis_store import RedisClaims
-from broker.envelope import Request, WireTensor, decode_response, encode_request
+from broker.envelope import decode_response, encode_request
 from broker.transport import Delivery
-from broker.transports.memory import MemoryTransport
-from tests.models import write_python_model
 from tests.workers.test_worker import next_messages
-from workers.repository.layout import ModelRepository
-from workers.worker import Worker, WorkerSettings
+from tests.workers.test_worker_policy import REPLIES, computed, recording_config, request, started
 from workers.worker.credit import InFlight
-
-REPLIES = "ferry.replies.credit"
 
 
 def deliveries(first: int, count: int) -> list[Delivery]:
@@ -74,58 +67,22 @@ async def test_a_delivery_still_computing_or_failed_before_it_holds_or_frees_its
     assert (credit.room, credit.used, credit.computing) == (2, 0, 0)
 
 
-# Logs each value it computes; its output (4 KB) is claim-checked on its way back.
-WIDE_MODEL = '''
-import numpy as np
-
-class Model:
-    def load(self, context):
-        self.log = context.parameters["log"]
-
-    def infer(self, inputs):
-        with open(self.log, "a") as log:
-            log.write("".join(f"{int(v)}\\n" for v in inputs["X"][:, 0]))
-        return {"Y": np.repeat(inputs["X"], 1024, axis=1)}
-'''
-
-
-def wide_config(log: Path) -> str:
-    return f'''
-name: "wide"
-backend: "python"
-max_batch_size: 1
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1024 ] }} ]
-parameters [ {{ key: "log" value: {{ string_value: "{log}" }} }} ]
-'''
-
-
-def wide_request(value: int) -> bytes:
-    x = np.array([[value]], dtype=np.float32)
-    return encode_request(Request(id=f"r{value}", model="wide", reply_to=REPLIES, claim_owner="test",
-                                  inputs=(WireTensor("X", "FP32", (1, 1), x.tobytes()),)))
-
-
 async def test_a_worker_computes_the_next_request_while_a_reply_waits_on_the_broker(tmp_path, redis_url):
     """One request in compute at a time (one instance, one row, ``--prefetch 1``); the replies'
-    outputs are claim-checked into Redis, which is paused: the replies wait, and the worker
-    goes on taking and computing requests meanwhile instead of waiting with them."""
+    outputs are claim-checked (every tensor, here) into Redis, which is paused: the replies wait,
+    and the worker goes on taking and computing requests meanwhile instead of waiting with them."""
     log = tmp_path / "log"
-    write_python_model(tmp_path / "repo", "wide", WIDE_MODEL, wide_config(log))
-    transport = MemoryTransport()
-    claims = ClaimCheck(RedisClaims(redis_url, prefix=f"credit-{tmp_path.name}."), ClaimSettings(threshold_bytes=1024))
-    worker = Worker(transport, ModelRepository(tmp_path / "repo"), WorkerSettings(poll_timeout_s=0.05, prefetch=1),
-                    claims=claims)
+    claims = ClaimCheck(RedisClaims(redis_url, prefix=f"credit-{tmp_path.name}."), ClaimSettings(threshold_bytes=1))
+    transport, worker = await started(tmp_path, recording_config(log), prefetch=1, claims=claims)
     admin = aioredis.from_url(redis_url)
     try:
-        await worker.start()
-        await transport.publish(channels.request_channel("wide"), wide_request(1))
+        await transport.publish(channels.request_channel("rec"), encode_request(request(1, claim_owner="test")))
         await next_messages(transport, REPLIES, 1)
         await admin.execute_command("CLIENT", "PAUSE", "2500", "ALL")
         for value in (2, 3, 4):
-            await transport.publish(channels.request_channel("wide"), wide_request(value))
+            await transport.publish(channels.request_channel("rec"), encode_request(request(value, claim_owner="test")))
         await asyncio.sleep(1.0)
-        assert log.read_text().split() == ["1", "2", "3", "4"], "computed while Redis was paused"
+        assert computed(log) == [1, 2, 3, 4], "computed while Redis was paused"
         unread, _ = await transport.backlog(REPLIES, "reader")
         assert unread == 0  # every reply still waiting on Redis
         replies = [decode_response(raw) for raw in await next_messages(transport, REPLIES, 3)]
