@@ -12,7 +12,7 @@ from broker.transports.kafka import KafkaTransport
 from broker.transports.memory import MemoryTransport
 from broker.transports.redis import RedisTransport
 from tests.brokers import BROKERS, broker_url
-from tests.redis_server import flushdb, free_port
+from tests.redis_server import RedisServer, flushdb, free_port
 
 IDLE_S = 0.2
 AnyTransport = MemoryTransport | RedisTransport | KafkaTransport
@@ -210,6 +210,22 @@ async def test_a_renewed_delivery_is_not_claimed_while_its_holder_renews_it(redi
         (late,) = await transport.claim_stale("c", "g", "b", idle, 10)
         assert (late.payload, late.attempts) == (b"slow", 2)  # its count kept through the renewal
         assert await transport.renew("c", "g", "a", [slow.message_id], 0) == 0  # "b" holds it now
+
+
+async def test_reads_reuse_their_connection_and_a_restarted_server_costs_none_a_failure():
+    """A read keeps the connection it ended on for the next one, out of the pool; after the server
+    restarts, that connection is dead, and the next read must be made on a fresh one, as a pooled
+    read would be, not fail."""
+    with RedisServer(extra=("--appendonly", "yes", "--appendfsync", "always")) as server:
+        async with RedisTransport(server.url) as transport:
+            await transport.publish("c", b"first")
+            for _ in range(3):
+                await transport.fetch("c", "g", "a", 10, 0.05)
+            assert len(transport._kept) == 1, "one connection, kept from read to read"
+            await transport.publish("c", b"second")  # on disk: the restarted server has it
+            server.crash()
+            server.restart()
+            assert [d.payload for d in await transport.fetch("c", "g", "a", 10, 1)] == [b"second"]
 
 
 async def test_headers_travel_with_the_message(transport: AnyTransport):
