@@ -343,24 +343,23 @@ class RedisTransport(BaseTransport):
         """XREADGROUP on one server, past redis-py's command layer (a third of a fetch's CPU): the
         reply as redis-py's ``xreadgroup`` gives it, each entry's fields a dict.
 
-        A read takes a connection an earlier read ended on cleanly, and keeps it after; taking one
-        from the pool and giving it back, with the pool's checks, cost a fetch 40% more CPU. A kept
-        connection whose server went away since (a restart) fails at once: the read is then made
-        on one from the pool, which connects afresh, as a pooled read would have. A read cancelled
-        or failed leaves its connection closed, as redis-py's would, and back in the pool."""
+        A read takes a connection an earlier read ended on cleanly, and keeps it after: taking one
+        from the pool and giving it back, with the pool's checks, cost an empty read 103 CPU µs
+        against 65. A kept connection whose server went away since (a restart) fails at once: the
+        read is then made on one from the pool, which connects afresh, as a pooled read would have
+        been. A read cancelled or failed leaves its connection closed, as redis-py's would, and
+        back in the pool."""
         command: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", max_count]
         if block is not None:
             command += ["BLOCK", block]
         command += ["STREAMS", *keys, *(">" for _ in keys)]
-        reply: Any = None
         if self._kept:
             try:
-                reply = await self._read_on(pool, self._kept.pop(), command)
+                return _read_entries(await self._read_on(pool, self._kept.pop(), command))
             except (RedisConnectionError, OSError):
-                reply = await self._read_on(pool, await pool.get_connection(), command)  # type: ignore[no-untyped-call]
-        else:
-            reply = await self._read_on(pool, await pool.get_connection(), command)  # type: ignore[no-untyped-call]
-        return [[stream, [(mid, _pairs(fields)) for mid, fields in entries]] for stream, entries in reply or ()]
+                pass  # its server restarted since: read on a fresh connection, below
+        fresh = await pool.get_connection()  # type: ignore[no-untyped-call]
+        return _read_entries(await self._read_on(pool, fresh, command))
 
     async def _read_on(self, pool: ConnectionPool, connection: AbstractConnection, command: list[Any]) -> Any:
         try:
@@ -446,6 +445,11 @@ def _headers(fields: dict[bytes, bytes]) -> Headers:
 
 def _is_nogroup(exc: ResponseError) -> bool:
     return str(exc).startswith("NOGROUP")
+
+
+def _read_entries(reply: Any) -> list[Any]:
+    """An XREADGROUP reply as redis-py's ``xreadgroup`` gives it, each entry's fields a dict."""
+    return [[stream, [(mid, _pairs(fields)) for mid, fields in entries]] for stream, entries in reply or ()]
 
 
 def _pairs(flat: list[bytes] | None) -> dict[bytes, bytes]:
