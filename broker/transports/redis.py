@@ -345,9 +345,9 @@ class RedisTransport(BaseTransport):
 
         A read takes a connection an earlier read ended on cleanly, and keeps it after: taking one
         from the pool and giving it back, with the pool's checks, cost an empty read 103 CPU µs
-        against 65. A kept connection whose server went away since (a restart) fails at once: the
-        read is then made on one from the pool, which connects afresh, as a pooled read would have
-        been. A read cancelled or failed leaves its connection closed, as redis-py's would, and
+        against 65. A kept connection whose server went away since (a restart) fails at once: that is
+        counted among the transport's failures, and the read is then made on one from the pool,
+        which connects afresh, as a pooled read would have been. A read cancelled or failed leaves its connection closed, as redis-py's would, and
         back in the pool."""
         command: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", max_count]
         if block is not None:
@@ -357,7 +357,10 @@ class RedisTransport(BaseTransport):
             try:
                 return _read_entries(await self._read_on(pool, self._kept.pop(), command))
             except (RedisConnectionError, OSError):
-                pass  # its server restarted since: read on a fresh connection, below
+                # The server dropped it since (restarted, or killed its clients): a failure to count,
+                # as a pooled read cut off would have been (the lost-request ledger looks then),
+                # though this read is made again on a fresh connection, below.
+                self.failures += 1
         fresh = await pool.get_connection()  # type: ignore[no-untyped-call]
         return _read_entries(await self._read_on(pool, fresh, command))
 
