@@ -345,10 +345,10 @@ class RedisTransport(BaseTransport):
 
         A read takes a connection an earlier read ended on cleanly, and keeps it after: taking one
         from the pool and giving it back, with the pool's checks, cost an empty read 103 CPU µs
-        against 65. A kept connection whose server went away since (a restart) fails at once: that is
-        counted among the transport's failures, and the read is then made on one from the pool,
-        which connects afresh, as a pooled read would have been. A read cancelled or failed leaves its connection closed, as redis-py's would, and
-        back in the pool."""
+        against 65. A kept connection whose server went away since (a restart) fails at once:
+        that is counted among the transport's failures, and the read is then made on one from the
+        pool, which connects afresh, as a pooled read would have been. A read cancelled or failed
+        leaves its connection closed, as redis-py's would, and back in the pool."""
         command: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", max_count]
         if block is not None:
             command += ["BLOCK", block]
