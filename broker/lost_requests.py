@@ -126,7 +126,9 @@ class SentLedger:
             relook = self._relook_at is not None and self._clock() >= self._relook_at
             if failures == self._looked_at and not relook:
                 continue
-            if not self._sent:
+            if not self._sent:  # nothing awaits a reply: nothing can have been lost
+                if failures != self._looked_at:
+                    log.info("lost_requests.none_unanswered", failures=failures)
                 self._looked_at, self._relook_at = failures, None
                 continue
             try:

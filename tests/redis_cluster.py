@@ -39,7 +39,10 @@ class ClusterNodeServer(RedisServer):
         self.bus_port = free_port()
         self._extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                        "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--cluster-port", str(self.bus_port),
-                       "--appendfsync", "everysec")
+                       "--appendfsync", "everysec",
+                       # A replica's first full copy starts at once, not 5 s after it asks: only a
+                       # replica that has had its copy can take over from its master.
+                       "--repl-diskless-sync-delay", "0")
         super().start()
 
 
@@ -82,7 +85,8 @@ class RedisCluster:
         self.wait_ok()
 
     def wait_ok(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Until every live node says cluster_state:ok and knows all three masters."""
+        """Until every live node says cluster_state:ok and knows all three masters, and every
+        live replica is linked to its master (one that never was cannot be promoted)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if all(self._ok(node) for node in self.nodes if node.running):
@@ -96,7 +100,13 @@ class RedisCluster:
             info = _bulk(node.port, "CLUSTER", "INFO")
         except OSError:
             return False
-        return "cluster_state:ok" in info and f"cluster_size:{MASTERS}" in info
+        if "cluster_state:ok" not in info or f"cluster_size:{MASTERS}" not in info:
+            return False
+        try:
+            replication = _bulk(node.port, "INFO", "replication")
+        except OSError:
+            return False
+        return "role:slave" not in replication or "master_link_status:up" in replication
 
     def masters(self) -> list[ClusterNodeServer]:
         """The live nodes that serve slots as masters, as a live node sees the cluster."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as aioredis
+import structlog.testing
 
 from broker import channels
 from broker.envelope import Response, encode_response
@@ -230,3 +231,24 @@ async def test_a_request_gone_only_after_the_first_look_is_found_by_the_second(r
         await asyncio.sleep(1.5)  # and sent once: its new entry is there
         await ledger.aclose()
     assert resent == ["q"]
+
+
+async def test_a_failure_while_nothing_awaits_a_reply_is_seen_and_said(redis_url: str):
+    """Every caller's request still being published when the broker failed (a cluster client
+    retrying it, say): nothing recorded can be lost; the ledger says it saw the failure, once."""
+    flushdb(redis_url)
+
+    async def fail(response: Response) -> None:
+        raise AssertionError(f"failed {response}")
+
+    async with RedisTransport(redis_url) as transport, aioredis.Redis.from_url(redis_url) as raw:
+        ledger = SentLedger(transport, fail, watch_s=0.05)
+        await ledger.start()
+        with structlog.testing.capture_logs() as events:
+            await asyncio.sleep(0.2)
+            await fail_a_read(transport, raw)
+            await asyncio.sleep(0.3)
+        await ledger.aclose()
+    seen = [e for e in events if e["event"].startswith("lost_requests.")]
+    assert seen == [{"event": "lost_requests.none_unanswered", "failures": transport.failures,
+                     "log_level": "info"}]
