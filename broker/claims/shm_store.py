@@ -10,7 +10,9 @@ gone (SIGKILL included) can never be read by anyone who waits for it, so every
 store sweeps /dev/shm when it opens and then at most every ``sweep_s`` as it is
 used, removing the blob files of owners that are gone, any blob file older than
 the TTL, and the arenas of writers that are gone (an arena reuses the blocks of
-owners that are gone, and of the TTL, itself).
+owners that are gone, and of the TTL, itself). Whether a process is gone is asked
+of ``/proc``, then of its presence file (``broker.claims.presence``), so that
+processes in other PID namespaces that share the directory count as running.
 
 Claims are checked against the file-name patterns before any path is built, so
 a claim in a message from outside ferry cannot name another file.
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import structlog
 
+from broker.claims import presence
+from broker.claims.presence import Presence
 from broker.claims.shm_arena import ARENA_BYTES, ARENAS, CLAIM, ArenaReader, Arenas
 from broker.claims.shm_arena import NAME as ARENA_NAME
 from broker.claims.store import claim_id, process_start, process_tag
@@ -51,6 +55,7 @@ class ShmClaims:
         self._sweep_s = sweep_s
         self._swept_at = 0.0
         self._alive: dict[tuple[int, int], tuple[bool, float]] = {}
+        self._presence = Presence(directory, self.owner)  # seen from other PID namespaces too
         self._written = Arenas(directory, self.owner, arena_bytes, arenas, ttl_s, self._lives)
         self._arenas = ArenaReader(directory)
         self.sweep()
@@ -118,17 +123,19 @@ class ShmClaims:
         """Unmaps what this process read and removes its arenas: a reader that mapped one keeps its blocks."""
         self._arenas.close()
         self._written.close()
+        self._presence.close()
 
     def live_blocks(self) -> int:
         """Blocks of this process's arenas not yet released."""
         return self._written.live_blocks()
 
     def _lives(self, pid: int, start: int) -> bool:
-        """Whether the process ``pid`` started at ``start`` still runs; looked up at most once a second."""
+        """Whether the process ``pid`` started at ``start`` still runs, in this PID namespace or another
+        (``broker.claims.presence``); looked up at most once a second."""
         now = time.monotonic()
         known = self._alive.get((pid, start))
         if known is None or now - known[1] > 1.0:
-            known = (process_start(pid) == start, now)
+            known = (process_start(pid) == start or presence.present(self._directory, f"{pid}.{start}"), now)
             self._alive[(pid, start)] = known
         return known[0]
 
@@ -141,6 +148,8 @@ class ShmClaims:
         for entry in os.scandir(self._directory):
             found = _NAME.fullmatch(entry.name) or ARENA_NAME.fullmatch(entry.name)
             if found is None:
+                if presence.NAME.fullmatch(entry.name):
+                    removed += presence.sweep(self._directory, entry.name)
                 continue
             pid, start = int(found.group(1)), int(found.group(2))
             try:

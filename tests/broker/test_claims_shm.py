@@ -5,6 +5,7 @@ passed, and never a path a claim can choose. The arena's own rules are in test_c
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -109,7 +110,7 @@ async def test_a_blob_that_cannot_be_written_is_a_transport_error_and_leaves_not
     directory = tmp_path / "shm"
     directory.mkdir()
     store = ShmClaims(directory)
-    directory.rmdir()  # as good as full, for the write
+    shutil.rmtree(directory)  # as good as full, for the write (its presence file goes too)
     with pytest.raises(TransportError, match="shm claims: cannot write"):
         await store.put([b"x", b"y"], 60, store.owner)
     assert not directory.exists()

@@ -114,8 +114,8 @@ def test_a_job_with_a_4mb_input_finishes_with_its_result_kept_whole(redis_url: s
 
 
 def shm_files(pid: int) -> list[str]:
-    """Claim files and arenas in /dev/shm that the process ``pid`` wrote or waits for."""
-    prefixes = (f"ferry-claim-{pid}.", f"ferry-arena-{pid}.")
+    """Claim files, arenas and the presence file in /dev/shm that the process ``pid`` wrote or waits for."""
+    prefixes = (f"ferry-claim-{pid}.", f"ferry-arena-{pid}.", f"ferry-proc-{pid}.")
     return [path.name for path in Path("/dev/shm").iterdir() if path.name.startswith(prefixes)]
 
 
@@ -132,7 +132,8 @@ def test_through_dev_shm_a_killed_worker_costs_a_redelivery_and_killed_processes
         first = fleet.worker("w1", "--claim-idle-s", "1", *shm)
         fleet.wait_model_ready(gateway, "big")
         np.testing.assert_array_equal(infer(gateway.url, x), 2 * x)
-        assert [name.split("-")[1] for name in shm_files(gateway.pid) + shm_files(first.pid)] == ["arena", "arena"]
+        assert sorted(name.split("-")[1] for name in shm_files(gateway.pid) + shm_files(first.pid)) == \
+            ["arena", "arena", "proc", "proc"]
 
         # A worker SIGKILLed mid-request: the input waits in the gateway's arena for the next worker.
         answer = client.submit(infer, gateway.url, x + 1)
@@ -140,7 +141,7 @@ def test_through_dev_shm_a_killed_worker_costs_a_redelivery_and_killed_processes
         first.kill()
         second = fleet.worker("w2", "--claim-idle-s", "1", *shm)
         np.testing.assert_array_equal(answer.result(timeout=120), 2 * (x + 1))
-        wait_for(lambda: shm_files(first.pid) == [], 10, "the dead worker's arena to be swept", second)
+        wait_for(lambda: shm_files(first.pid) == [], 10, "the dead worker's arena and presence to be swept", second)
 
         # A gateway SIGKILLed mid-request: the worker answers into its arena for a reader that is gone,
         # and the next process to open a store sweeps the gateway's arena.
@@ -149,6 +150,7 @@ def test_through_dev_shm_a_killed_worker_costs_a_redelivery_and_killed_processes
         gateway.kill()
         wait_for(lambda: fleet.pending("big") == 0, 30, "w2 to answer and ack", second)
         fleet.gateway(*shm)
-        wait_for(lambda: shm_files(gateway.pid) == [], 30, "the dead gateway's arena to be swept", second)
+        wait_for(lambda: shm_files(gateway.pid) == [], 30, "the dead gateway's arena and presence to be swept",
+                 second)
         with pytest.raises(Exception):
             answer.result(timeout=30)
