@@ -19,10 +19,16 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import time
 from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("ferry.broker.claims")
 
 PREFIX = "ferry-proc-"
 NAME = re.compile(r"ferry-proc-(\d+)\.(\d+)")
+LOCK_TRIES, LOCK_TRIES_S = 20, 1.0
 
 
 class Presence:
@@ -37,18 +43,12 @@ class Presence:
         if held is not None:
             Presence._held[self._path] = (held[0], held[1] + 1)
             return
-        for _ in range(3):  # a sweep may remove the file between its creation and its lock
-            fd = os.open(self._path, os.O_RDONLY | os.O_CREAT, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                linked = os.stat(self._path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                linked = False
-            if linked:
-                Presence._held[self._path] = (fd, 1)
-                return
-            os.close(fd)
-        self._open = False
+        fd = _locked(self._path)
+        if fd is None:  # then this process is seen through /proc alone, as before presence files
+            log.warning("claims.no_presence", path=str(self._path))
+            self._open = False
+            return
+        Presence._held[self._path] = (fd, 1)
 
     def close(self) -> None:
         held = Presence._held.get(self._path)
@@ -65,6 +65,24 @@ class Presence:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _locked(path: Path) -> int | None:
+    """A descriptor of ``path``, made and locked; None when it cannot be (a directory not writable,
+    or the lock held elsewhere for a second: another namespace's process of the same tag)."""
+    for _ in range(LOCK_TRIES):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a sweep's probe holds it for a moment only
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not removed by a sweep before it was locked
+                return fd
+        except (BlockingIOError, FileNotFoundError):
+            time.sleep(LOCK_TRIES_S / LOCK_TRIES)
+        os.close(fd)
+    return None
 
 
 def sweep(directory: Path, name: str) -> bool:
