@@ -41,11 +41,11 @@ needs_namespaces = pytest.mark.skipif(not _new_pid_namespace_works(),
 
 
 @pytest.fixture
-def other_namespace(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
-    """A writer in a PID namespace of its own, sharing ``tmp_path``: the process, its claim, its tag."""
-    owner = request.param if hasattr(request, "param") else ""
+def other_namespace(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
+    """A writer in a PID namespace of its own, sharing ``tmp_path``, its blob its own: the process,
+    its claim, its tag."""
     process = subprocess.Popen(["unshare", "--pid", "--mount-proc", "--kill-child=SIGKILL", sys.executable, "-c",
-                                WRITER, str(tmp_path), owner], cwd=REPO_ROOT, stdout=subprocess.PIPE)
+                                WRITER, str(tmp_path), ""], cwd=REPO_ROOT, stdout=subprocess.PIPE)
     try:
         assert process.stdout is not None
         claim, tag = process.stdout.readline().decode().split()
