@@ -51,6 +51,7 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "gpu.json"
 DEFAULT_WHEELS = REPO_ROOT / ".cache" / "ferry_wheels"
 DEFAULT_SITE = REPO_ROOT / ".cache" / "ferry_site"
 BATCHES, CLIENTS, HTTP_WORKERS, FLEETS = (1, 8, 32, 64, 128), (64, 256), (1, 4, 8), ((1, 1), (4, 1), (4, 2))
+PER_HTTP_WORKERS = (4, 8)  # ferry serve --http-workers N --worker-per-http
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class BenchSettings:
     clients: tuple[int, ...] = CLIENTS
     identity_clients: int = 256
     http_workers: tuple[int, ...] = HTTP_WORKERS
+    per_http_workers: tuple[int, ...] = PER_HTTP_WORKERS
     fleets: tuple[tuple[int, int], ...] = FLEETS
     instances: int = 2
     client_processes: int = 8
@@ -107,6 +109,10 @@ def _rows(text: str) -> tuple[str, ...]:
     return tuple(row for row in ROWS if row in chosen)
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    return () if text.strip() == "0" else int_list(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     WINDOWS.add_to(parser)
@@ -121,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--identity-clients", type=int, default=256, help="clients for the identity rows (256)")
     parser.add_argument("--http-workers", type=int_list, default=HTTP_WORKERS,
                         help="one ferry serve row set per value (default 1,4,8)")
+    parser.add_argument("--per-http-workers", type=_counts, default=PER_HTTP_WORKERS,
+                        help="one ferry serve --http-workers N --worker-per-http row set per value "
+                             "(default 4,8; 0 for none)")
     parser.add_argument("--fleets", type=_fleets, default=FLEETS,
                         help="GATEWAYSxWORKERS, comma-separated (default 1x1,4x1,4x2)")
     parser.add_argument("--instances", type=int, default=2, help="ResNet-50 instances per worker (default 2)")
@@ -137,8 +146,8 @@ def settings_from_args(argv: Sequence[str] | None = None) -> BenchSettings:
     return BenchSettings(
         device=args.device, **asdict(WINDOWS.chosen(args)), rows=args.rows, batches=args.batches,
         clients=args.clients, identity_clients=args.identity_clients, http_workers=args.http_workers,
-        fleets=args.fleets, instances=args.instances, client_processes=args.client_processes,
-        out=args.out, wheels=args.wheels, site=args.site)
+        per_http_workers=args.per_http_workers, fleets=args.fleets, instances=args.instances,
+        client_processes=args.client_processes, out=args.out, wheels=args.wheels, site=args.site)
 
 
 def install_wheels(settings: BenchSettings) -> list[str]:
@@ -181,6 +190,11 @@ def run(settings: BenchSettings, scratch: Path, installed: list[str]) -> Report:
     for n in settings.http_workers if "serve" in settings.rows else ():
         _measure_server(report, add, f"ferry serve --http-workers {n}",
                         gpu_rows.serving(repository, settings.logs, n, default),
+                        lambda running: gpu_rows.serve_rows(running, device, settings.clients,
+                                                            settings.identity_clients, load))
+    for n in settings.per_http_workers if "serve" in settings.rows else ():
+        _measure_server(report, add, f"ferry serve --http-workers {n} --worker-per-http",
+                        gpu_rows.serving(repository, settings.logs, n, default, worker_per_http=True),
                         lambda running: gpu_rows.serve_rows(running, device, settings.clients,
                                                             settings.identity_clients, load))
     for g, w in settings.fleets if "fleet" in settings.rows else ():

@@ -84,14 +84,20 @@ def _started(pid: int) -> str:
 
 
 @contextlib.contextmanager
-def serving(repository: Path, logs: Path, http_workers: int, default: int) -> Iterator[Running]:
-    label = f"ferry serve --http-workers {http_workers}" + ("*" if http_workers == default else "")
-    log = logs / f"serve-{http_workers}.log"
+def serving(repository: Path, logs: Path, http_workers: int, default: int,
+            worker_per_http: bool = False) -> Iterator[Running]:
+    """``ferry serve --http-workers N``; with ``worker_per_http``, each of the N processes with a
+    worker (and its model instances) of its own."""
+    per = " --worker-per-http" if worker_per_http else ""
+    label = f"ferry serve --http-workers {http_workers}{per}" + ("*" if http_workers == default and not per else "")
+    log = logs / f"serve-{http_workers}{per.replace(' --', '-')}.log"
+    args = ("--http-workers", str(http_workers), *(("--worker-per-http",) if worker_per_http else ()))
     leftovers = Leftovers()
     try:
-        with ferry_server(repository, log, READY_TIMEOUT_S, ("--http-workers", str(http_workers))) as server:
+        with ferry_server(repository, log, READY_TIMEOUT_S, args) as server:
             role = "serve" if http_workers == 1 else "gateway"   # one process does both; else the supervisor
-            running = Running(label, server.port, {role: (server.pid,)}, {"http_workers": http_workers})
+            running = Running(label, server.port, {role: (server.pid,)},
+                              {"http_workers": http_workers, "worker_per_http": worker_per_http})
             leftovers.note(running.roots)
             yield running
     finally:

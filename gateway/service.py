@@ -60,6 +60,7 @@ class ServiceSettings:
     channel_prefix: str = channels.PREFIX
     route_sequences: bool = False  # publish a sequence's steps to its worker's session channel (Redis)
     direct: bool = True  # ferry serve on the embedded broker: give its service the worker as a LocalWorker
+    direct_on_shared_broker: bool = False  # ferry serve --worker-per-http: on a shared broker too
 
 
 Answered = Callable[[Response | None], None]

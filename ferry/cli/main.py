@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
                        help="on the embedded broker, hand plain requests straight to the worker "
                             "(--no-direct: through the in-memory broker, as on a fleet)")
+    serve.add_argument("--worker-per-http", action=argparse.BooleanOptionalAction, default=False,
+                       help="with --http-workers N: each HTTP process runs a worker of its own and answers its "
+                            "plain requests itself, the processes sharing the broker for the rest (default: N "
+                            "gateways and one worker)")
     gateway = commands.add_parser("gateway", parents=[common, http], help="the HTTP gateway alone")
     gateway.add_argument("--broker", required=True, help=f"shared broker URL ({SHARED})")
     alone = commands.add_parser("worker", parents=[common, worker], help="a worker alone, no HTTP")

@@ -1,5 +1,8 @@
 """``--http-workers N``: N HTTP gateway processes on one port, each its own gateway
-(its own id and reply channel), beside the worker of ``ferry serve``.
+(its own id and reply channel), beside the worker of ``ferry serve``; with
+``--worker-per-http``, N processes each with a worker of its own that answers
+the plain requests its connections bring (no broker between them), the
+processes sharing the broker for async jobs, sequences and model control.
 
 With the embedded broker, the processes meet on a bundled Valkey server
 (``valkey.py``) instead; ``ferry serve`` keeps the embedded broker's default of
@@ -23,6 +26,7 @@ from ferry.cli.settings import connection_limits, serve_settings, worker_process
 from ferry.processes.supervisor import Child, Supervisor
 from ferry.processes.valkey import EmbeddedValkey
 from ferry.wiring.gateway import build_gateway_app
+from ferry.wiring.serve import build_app
 from ferry.wiring.worker import run_worker
 from gateway.http_server import serve, shared_port_socket
 
@@ -53,9 +57,12 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
         port = _reserve(stack, args.host, args.http_port)
         for platform_port in serve_settings(args).platform_ports:
             _reserve(stack, args.host, platform_port)
-        children = [_gateway(args, port, index) for index in range(count)]
-        if args.command == "serve":
-            children.insert(0, _worker(args))
+        if args.command == "serve" and args.worker_per_http:
+            children = [_serving(args, port, index) for index in range(count)]
+        else:
+            children = [_gateway(args, port, index) for index in range(count)]
+            if args.command == "serve":
+                children.insert(0, _worker(args))
         return Supervisor(children, kept=kept).run()
 
 
@@ -75,6 +82,20 @@ def _gateway(args: argparse.Namespace, port: int, index: int) -> Child:
         # Built in the child, so that each process has a gateway id of its own.
         settings = serve_settings(gateway_args)
         serve(build_gateway_app(settings), gateway_args.host, port, connection_limits(gateway_args), reuse_port=True,
+              extra_ports=settings.platform_ports)
+
+    return Child(f"http-{index}", run)
+
+
+def _serving(args: argparse.Namespace, port: int, index: int) -> Child:
+    """``--worker-per-http``: a gateway with a worker of its own in one process, as ``ferry serve``
+    is, on the shared broker."""
+    serve_args = argparse.Namespace(**{**vars(args), "http_port": port})
+
+    def run() -> None:
+        # Built in the child, so that each process has gateway and worker ids of its own.
+        settings = serve_settings(serve_args)
+        serve(build_app(settings), serve_args.host, port, connection_limits(serve_args), reuse_port=True,
               extra_ports=settings.platform_ports)
 
     return Child(f"http-{index}", run)

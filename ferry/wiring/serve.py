@@ -79,7 +79,9 @@ def build_serving(settings: ServeSettings, transport: Transport | None = None) -
     # The local worker is live while this process is; workers elsewhere have their own /metrics.
     sources = Sources(lambda: (worker.worker_id,), beats, stats, worker.worker_id)
     # On the embedded broker the worker is the only one: requests need not cross the broker to reach it.
-    local = worker if heartbeats is None and settings.service.direct else None
+    # With --worker-per-http each HTTP process has a worker of its own, which answers its plain requests.
+    shared = heartbeats is not None
+    local = worker if settings.service.direct and (not shared or settings.service.direct_on_shared_broker) else None
     front = GatewaySide.build(settings, transport, catalog, store, control, sources, tracing, claims, local)
     return Serving(front, back, catalog, heartbeat, (tracing, transport, heartbeats, claims, cache))
 

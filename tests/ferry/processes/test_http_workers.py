@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,11 +19,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
+import redis
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from broker import channels
 from ferry.processes.http_workers import default_http_workers
 from tests.procfs import child_pids, listens_on
 from tests.servers import free_port, wait_ready
@@ -42,21 +46,26 @@ def children(pid: int) -> dict[int, str]:
     return found
 
 
+def workers_beating(valkey: redis.Redis) -> list[bytes]:
+    return list(valkey.scan_iter(match=channels.heartbeat_key("*")))
+
+
 def http_pids(pid: int) -> set[int]:
     return {child for child, name in children(pid).items() if name.startswith("ferry-http-")}
 
 
 @contextlib.contextmanager
-def serving(tmp_path: Path, new_session: bool = False) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``ferry serve --http-workers 4`` on add_sub; with ``new_session``, in a process group of its
-    own, as a terminal runs a command."""
+def serving(tmp_path: Path, new_session: bool = False,
+            extra: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``ferry serve --http-workers 4`` (and ``extra``) on add_sub; with ``new_session``, in a process
+    group of its own, as a terminal runs a command."""
     shutil.copytree(MODEL_REPO / "add_sub", tmp_path / "repo" / "add_sub")
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "ferry.cli.main", "serve", "--model-repository", str(tmp_path / "repo"),
          "--host", "127.0.0.1", "--http-port", str(port), "--http-workers", str(HTTP_WORKERS), "--log-format", "json",
-         "--grpc-port", "0"],
+         "--grpc-port", "0", *extra],
         stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=new_session,
     )
     try:
@@ -123,6 +132,56 @@ def test_every_request_over_four_http_processes_is_answered_once_and_right(serve
     assert right == 2_000
     names = sorted(children(process.pid).values())
     assert names.count("ferry-worker") == 1 and names.count("valkey-server") == 1
+
+
+def _job_result(url: str) -> list[float]:
+    """add_sub's OUTPUT0 for ones plus twos, submitted with ``Prefer: respond-async`` and polled on
+    new connections (so on any of the processes) until it succeeds."""
+    tensor = {"shape": [1, 16], "datatype": "FP32"}
+    body = {"inputs": [{"name": "INPUT0", **tensor, "data": [1.0] * 16},
+                       {"name": "INPUT1", **tensor, "data": [2.0] * 16}]}
+    submitted = httpx.post(f"http://{url}/v2/models/add_sub/infer", json=body, headers={"Prefer": "respond-async"})
+    assert submitted.status_code == 202, submitted.text
+    location = submitted.headers["location"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        polled = httpx.get(f"http://{url}{location}")
+        if polled.status_code == 200 and "outputs" in polled.json():
+            [output] = [o for o in polled.json()["outputs"] if o["name"] == "OUTPUT0"]
+            return [float(value) for value in output["data"]]
+        time.sleep(0.1)
+    raise AssertionError(f"job {location} not done within 30 s")
+
+
+def test_with_a_worker_per_http_process_each_answers_its_own_requests_past_the_broker(tmp_path: Path) -> None:
+    with serving(tmp_path, extra=("--worker-per-http",)) as (url, process):
+        with ThreadPoolExecutor(16) as pool:
+            right = sum(pool.map(lambda seed: _add(url, 125, seed), range(16)))
+        assert right == 2_000
+        family = children(process.pid)
+        assert sorted(family.values()) == sorted([f"ferry-http-{n}" for n in range(HTTP_WORKERS)] + ["valkey-server"])
+        # Not one of them crossed the broker: the model's request stream on the Valkey server holds none.
+        [server] = [pid for pid, name in family.items() if name == "valkey-server"]
+        title = Path(f"/proc/{server}/cmdline").read_bytes()  # the server sets it: "valkey-server 127.0.0.1:PORT"
+        port = int(re.search(rb"127\.0\.0\.1:(\d+)", title).group(1))  # type: ignore[union-attr]
+        with redis.Redis(port=port) as valkey:
+            assert valkey.xlen(channels.request_channel("add_sub")) == 0
+            # Each process's own worker beats: four workers, not one.
+            _wait(lambda: len(workers_beating(valkey)) == HTTP_WORKERS, "a heartbeat from each process's worker")
+            # An async job crosses the broker, and any process answers its poll.
+            assert _job_result(url) == [3.0] * 16
+            assert valkey.xlen(channels.request_channel("add_sub")) == 1
+        # Then a killed process is replaced, its worker with it, and every request is still answered.
+        victim = min(http_pids(process.pid))
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: not Path(f"/proc/{victim}").exists(), "the HTTP process dead and reaped", 15)
+        assert _add(url, 50, seed=1) == 50
+        _wait(lambda: len(http_pids(process.pid)) == HTTP_WORKERS and victim not in http_pids(process.pid),
+              "the killed HTTP process replaced")
+        _wait(lambda: all(_model_ready(int(url.rsplit(":", 1)[1])) for _ in range(16 * HTTP_WORKERS)),
+              "add_sub ready on every process again")
+        with ThreadPoolExecutor(8) as pool:
+            assert sum(pool.map(lambda seed: _add(url, 25, seed), range(8))) == 200
 
 
 def test_a_killed_http_process_is_replaced_and_the_port_keeps_answering(served) -> None:
