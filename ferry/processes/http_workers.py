@@ -57,12 +57,10 @@ def run_http_workers(args: argparse.Namespace, count: int) -> int:
         port = _reserve(stack, args.host, args.http_port)
         for platform_port in serve_settings(args).platform_ports:
             _reserve(stack, args.host, platform_port)
-        if args.command == "serve" and args.worker_per_http:
-            children = [_serving(args, port, index) for index in range(count)]
-        else:
-            children = [_gateway(args, port, index) for index in range(count)]
-            if args.command == "serve":
-                children.insert(0, _worker(args))
+        per_http = args.command == "serve" and args.worker_per_http
+        children = [_http(args, port, index, with_worker=per_http) for index in range(count)]
+        if args.command == "serve" and not per_http:
+            children.insert(0, _worker(args))
         return Supervisor(children, kept=kept).run()
 
 
@@ -75,27 +73,17 @@ def _reserve(stack: ExitStack, host: str, port: int) -> int:
     return int(reserved.getsockname()[1])
 
 
-def _gateway(args: argparse.Namespace, port: int, index: int) -> Child:
-    gateway_args = argparse.Namespace(**{**vars(args), "command": "gateway", "http_port": port})
+def _http(args: argparse.Namespace, port: int, index: int, with_worker: bool) -> Child:
+    """One of the HTTP processes: a gateway, or with ``with_worker`` (``--worker-per-http``) a
+    gateway with a worker of its own, as one ``ferry serve`` process is, on the shared broker."""
+    http_args = argparse.Namespace(**{**vars(args), "command": "serve" if with_worker else "gateway",
+                                      "http_port": port})
+    build = build_app if with_worker else build_gateway_app
 
     def run() -> None:
-        # Built in the child, so that each process has a gateway id of its own.
-        settings = serve_settings(gateway_args)
-        serve(build_gateway_app(settings), gateway_args.host, port, connection_limits(gateway_args), reuse_port=True,
-              extra_ports=settings.platform_ports)
-
-    return Child(f"http-{index}", run)
-
-
-def _serving(args: argparse.Namespace, port: int, index: int) -> Child:
-    """``--worker-per-http``: a gateway with a worker of its own in one process, as ``ferry serve``
-    is, on the shared broker."""
-    serve_args = argparse.Namespace(**{**vars(args), "http_port": port})
-
-    def run() -> None:
-        # Built in the child, so that each process has gateway and worker ids of its own.
-        settings = serve_settings(serve_args)
-        serve(build_app(settings), serve_args.host, port, connection_limits(serve_args), reuse_port=True,
+        # Built in the child, so that each process has gateway (and worker) ids of its own.
+        settings = serve_settings(http_args)
+        serve(build(settings), http_args.host, port, connection_limits(http_args), reuse_port=True,
               extra_ports=settings.platform_ports)
 
     return Child(f"http-{index}", run)
