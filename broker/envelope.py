@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from broker.errors import EnvelopeError
+from broker.quick_init import quick_init
 
 WIRE_VERSION = 1
 
@@ -41,6 +42,7 @@ SequenceId = int | str
 _T = TypeVar("_T")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class WireTensor:
     """A tensor as raw little-endian bytes (BYTES: length-prefixed elements).
@@ -66,6 +68,7 @@ class ErrorInfo:
     message: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Request:
     id: str
@@ -88,6 +91,7 @@ class Request:
     claim_owner: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Response:
     id: str

@@ -25,7 +25,7 @@ from gateway.compression import compress, decompress, response_encoding
 from gateway.dashboard import Dashboard
 from gateway.errors import ClientDisconnected, FeatureDisabled, InvalidRequest, PayloadTooLarge
 from gateway.infer_door import InferDoor
-from gateway.infer_lane import InferLane, InferRequest
+from gateway.infer_lane import InferLane, InferRequest, arrived_whole
 from gateway.jobs.job import Job, JobStatus
 from gateway.jobs.prefer import RESPOND_ASYNC, prefers_async
 from gateway.jobs.service import JobService
@@ -227,8 +227,9 @@ class _Api:
             })
         response = await self._service.infer(name, version, bound.parsed, trace)
         bound.write_outputs(response)
+        classify = self._classifiers.for_request(name, parsed.outputs)
         return _render_reply(response, parsed.outputs, parsed.binary_output_default,
-                             request.headers.get("accept-encoding"), self._classifiers.for_request(name, parsed.outputs))
+                             request.headers.get("accept-encoding"), classify)
 
     async def _job(self, request: Request) -> Response:
         assert self._jobs is not None  # the route exists only with jobs
@@ -254,6 +255,11 @@ class _Api:
         size = ascii_int(declared or "")
         if size is not None and size > limit:
             raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+        whole = arrived_whole(request)
+        if whole is not None:
+            if len(whole) > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            return decompress(whole, request.headers.get("content-encoding"), limit)
         chunks: list[bytes] = []
         size = 0
         try:

@@ -66,6 +66,9 @@ class LaneHeaders(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._first)
 
+    def get(self, key: str, default: Any = None) -> Any:  # Mapping's own goes through __getitem__ and a raise
+        return self._first.get(key.lower(), default)
+
     def getlist(self, key: str) -> list[str]:
         name = key.lower().encode("latin-1")
         return [value.decode("latin-1") for each, value in self._raw if each == name]
@@ -128,6 +131,12 @@ class LaneBody:
         chunks, self._chunks, self._buffered = self._chunks, [], 0
         return chunks
 
+    def take_one(self) -> bytes | None:
+        """The one chunk held, taken; None (nothing taken) unless exactly one is held."""
+        if len(self._chunks) != 1:
+            return None
+        return self.take()[0]
+
     def news(self) -> asyncio.Future[None]:
         """Done at the next ``wake``: more of the body, its end, or the client gone. (Not the cycle's
         ``asyncio.Event``: in Python 3.11 each wait on one looks up the running loop, a system call.)"""
@@ -161,6 +170,17 @@ class LaneRequest:
         if self._headers is None:
             self._headers = LaneHeaders(self._cycle.scope["headers"])  # type: ignore[arg-type]
         return self._headers
+
+    def whole(self) -> bytes | None:
+        """The body, when all of it has arrived in one chunk and nothing is left to wait for
+        (most small requests): read without ``stream``. Else None, and nothing is taken."""
+        cycle, body = self._cycle, self._body
+        if cycle.more_body or cycle.waiting_for_100_continue or cycle.disconnected or cycle.response_complete:
+            return None
+        chunk = body.take_one()
+        if chunk is not None:
+            cycle.flow.resume_reading()
+        return chunk
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The body's chunks as they arrive; ``ClientDisconnect`` if the client goes first
@@ -253,6 +273,12 @@ async def answer(cycle: RequestResponseCycle, rendered: Rendered) -> None:
     if not cycle.keep_alive:
         cycle.transport.close()
     cycle.on_response()
+
+
+def arrived_whole(request: InferRequest) -> bytes | None:
+    """A lane request's body when it has all arrived (``LaneRequest.whole``); None otherwise,
+    and for any other request: read it from ``stream``."""
+    return request.whole() if type(request) is LaneRequest else None
 
 
 def lane_of(app: ASGIApp) -> InferLane | None:

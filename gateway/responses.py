@@ -16,6 +16,7 @@ import orjson
 import structlog
 from starlette.responses import Response
 
+from broker.quick_init import quick_init
 from gateway.status import ANSWERED, BROKER_DOWN, error_headers, status_for
 from gateway.v2_codec import render_error
 
@@ -24,6 +25,7 @@ log = structlog.get_logger("ferry.gateway.http")
 T = TypeVar("T")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Rendered:
     body: bytes

@@ -275,11 +275,18 @@ def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, 
                   now_ns: int, trace: dict[str, str] | None = None, limits: Limits = DEFAULT_LIMITS) -> Request:
     """The envelope for a parsed V2 request: the parameters Triton gives meaning
     to (``timeout`` in µs, ``priority``, ``sequence_*``) become envelope fields."""
+    _check_length(version, "model version", limits)
+    inputs = _envelope_inputs(parsed)
+    outputs = tuple([o.name for o in parsed.outputs])
+    if not parsed.parameters:  # most requests: every envelope field its default
+        return Request(id=request_id, model=model, model_version=version, reply_to=reply_to, inputs=inputs,
+                       outputs=outputs, trace=trace or {}, created_ns=now_ns)
     params = dict(parsed.parameters)
     timeout_us = _int_param(params, "timeout", limits.max_timeout_us)
     priority = _int_param(params, "priority")
     sequence_id = _sequence_id(params.pop("sequence_id", None), limits)
-    _check_length(version, "model version", limits)
+    sequence_start = _bool_param(params, "sequence_start")
+    sequence_end = _bool_param(params, "sequence_end")
     parameters = {k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))}
     if len(parameters) > limits.max_params:
         raise InvalidRequest(f"request field 'parameters' holds {len(parameters)} entries, more than "
@@ -289,14 +296,14 @@ def build_request(parsed: ParsedInfer, model: str, version: str, reply_to: str, 
         model=model,
         model_version=version,
         reply_to=reply_to,
-        inputs=_envelope_inputs(parsed),
-        outputs=tuple(o.name for o in parsed.outputs),
+        inputs=inputs,
+        outputs=outputs,
         priority=priority,
         timeout_us=timeout_us,
         deadline_ns=now_ns + timeout_us * 1000 if timeout_us else 0,
         sequence_id=sequence_id,
-        sequence_start=_bool_param(params, "sequence_start"),
-        sequence_end=_bool_param(params, "sequence_end"),
+        sequence_start=sequence_start,
+        sequence_end=sequence_end,
         parameters=parameters,
         trace=trace or {},
         created_ns=now_ns,

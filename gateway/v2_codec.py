@@ -7,7 +7,8 @@ in shared memory into a ``RegionInput``, which ``gateway.shared_memory`` reads)
 and raises only ``InvalidRequest``, whatever the bytes; it holds a request to the
 envelope's ``Limits`` (tensor counts, dims, name lengths), so what passes
 here a worker can decode. Rendering turns a ``Response``
-back into JSON, binary blobs, or a mix. Pure functions, no I/O.
+back into JSON, binary blobs, or a mix. No I/O; a header without tensor data is read once and
+remembered by its bytes (clients send the same one with every request).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import orjson
 
 from broker.envelope import DEFAULT_LIMITS, Limits, Response, WireTensor
+from broker.quick_init import quick_init
 from gateway.errors import InvalidRequest
 from gateway.json_lift import load_lifted
 from gateway.json_tensors import FLOATS, json_bytes, json_name
@@ -40,6 +42,7 @@ class RequestedOutput:
     classification: int = 0  # > 0: the top K classes instead of the values (gateway.classification)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ParsedInfer:
     id: str
@@ -57,24 +60,91 @@ class _BinaryInput:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class _ReadHeader:
+    """A request's JSON header, read and checked: everything but the binary bytes after it."""
+
+    id: str
+    parts: tuple[WireTensor | _BinaryInput | RegionInput, ...]
+    binary: tuple[_BinaryInput, ...]  # the parts whose bytes follow the header, in order
+    outputs: tuple[RequestedOutput, ...]
+    parameters: dict[str, Any]
+    binary_default: bool
+
+    @property
+    def reusable(self) -> bool:
+        """No input's data is in the JSON: the next request with the same header reads alike."""
+        return not any(isinstance(part, WireTensor) for part in self.parts)
+
+    def bind(self, blob: memoryview) -> ParsedInfer:
+        """The request, its binary inputs views on ``blob`` (not copied)."""
+        if sum(part.size for part in self.binary) != len(blob):
+            raise _binary_total_error(self.binary, len(blob))
+        inputs: tuple[WireTensor | RegionInput, ...]
+        if self.binary:
+            bound: list[WireTensor | RegionInput] = []
+            offset = 0
+            for part in self.parts:
+                if isinstance(part, _BinaryInput):
+                    part, offset = _bind_binary(part, blob, offset)
+                bound.append(part)
+            inputs = tuple(bound)
+        else:
+            inputs = self.parts  # type: ignore[assignment]  # no _BinaryInput among them
+        return ParsedInfer(self.id, inputs, self.outputs, dict(self.parameters), self.binary_default)
+
+
+class _Remembered:
+    """The last ``size`` reusable headers read, by their bytes (the oldest forgotten first)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._read: dict[bytes, _ReadHeader] = {}
+
+    def get(self, key: bytes) -> _ReadHeader | None:
+        return self._read.get(key)
+
+    def keep(self, key: bytes, read: _ReadHeader) -> None:
+        if len(self._read) >= self._size:
+            self._read.pop(next(iter(self._read)), None)
+        self._read[key] = read
+
+
+_REMEMBERED_BYTES = 4096  # a JSON header up to this long is remembered once read (when it holds no data)
+_REMEMBERED = _Remembered(512)
+
+
+def _read_header(header: dict[str, Any], limits: Limits) -> _ReadHeader:
+    parameters = dict(_object(header.get("parameters"), "request field 'parameters'"))
+    binary_default = _boolean(parameters.pop(_BINARY_OUTPUT, False), f"parameter '{_BINARY_OUTPUT}'")
+    request_id = _request_id(header.get("id", ""))
+    parts = _inputs(header.get("inputs"), limits)
+    return _ReadHeader(
+        id=request_id, parts=parts, binary=tuple(part for part in parts if isinstance(part, _BinaryInput)),
+        outputs=_requested_outputs(header.get("outputs"), binary_default, limits),
+        parameters=parameters, binary_default=binary_default,
+    )
+
+
 def parse_infer_request(body: bytes, header_length: int | None, limits: Limits = DEFAULT_LIMITS) -> ParsedInfer:
     json_part, blob = _split_body(body, header_length)
-    header = load_lifted(body, len(json_part)) or _load_header(json_part, framed=header_length is not None)
-    return parse_infer_header(header, blob, limits)
+    if len(json_part) > _REMEMBERED_BYTES or limits is not DEFAULT_LIMITS:
+        header = load_lifted(body, len(json_part)) or _load_header(json_part, framed=header_length is not None)
+        return _read_header(header, limits).bind(blob)
+    # A client sends the same JSON header again and again, its tensors' bytes after it: read once.
+    key = bytes(json_part)
+    read = _REMEMBERED.get(key)
+    if read is None:
+        read = _read_header(_load_header(json_part, framed=header_length is not None), limits)
+        if read.reusable:
+            _REMEMBERED.keep(key, read)
+    return read.bind(blob)
 
 
 def parse_infer_header(header: dict[str, Any], blob: memoryview, limits: Limits = DEFAULT_LIMITS) -> ParsedInfer:
     """A V2 request's JSON header, already parsed, with the binary tensor data after it
     (``gateway.grpc`` builds both from a gRPC request)."""
-    parameters = dict(_object(header.get("parameters"), "request field 'parameters'"))
-    binary_default = _boolean(parameters.pop(_BINARY_OUTPUT, False), f"parameter '{_BINARY_OUTPUT}'")
-    return ParsedInfer(
-        id=_request_id(header.get("id", "")),
-        inputs=_inputs(header.get("inputs"), blob, limits),
-        outputs=_requested_outputs(header.get("outputs"), binary_default, limits),
-        parameters=parameters,
-        binary_output_default=binary_default,
-    )
+    return _read_header(header, limits).bind(blob)
 
 
 def render_infer_response(response: Response, requested: tuple[RequestedOutput, ...],
@@ -156,21 +226,14 @@ def _request_id(value: Any) -> str:
 
 # -- inputs ------------------------------------------------------------------
 
-def _inputs(raw: Any, blob: memoryview, limits: Limits) -> tuple[WireTensor | RegionInput, ...]:
+def _inputs(raw: Any, limits: Limits) -> tuple[WireTensor | _BinaryInput | RegionInput, ...]:
     if not isinstance(raw, list):
         raise InvalidRequest("request field 'inputs' must be a list of tensors"
                              if raw is not None else "request field 'inputs' is missing")
     _check_count(raw, "inputs", limits.max_tensors)
-    parts = [_input(index, item, limits) for index, item in enumerate(raw)]
+    parts = tuple(_input(index, item, limits) for index, item in enumerate(raw))
     _check_unique([part.name for part in parts], "input")
-    _check_binary_total([p for p in parts if isinstance(p, _BinaryInput)], len(blob))
-    tensors: list[WireTensor | RegionInput] = []
-    offset = 0
-    for part in parts:
-        if isinstance(part, _BinaryInput):
-            part, offset = _bind_binary(part, blob, offset)
-        tensors.append(part)
-    return tuple(tensors)
+    return parts
 
 
 def _input(index: int, item: Any, limits: Limits) -> WireTensor | _BinaryInput | RegionInput:
@@ -245,14 +308,12 @@ def _binary_input(name: str, datatype: str, shape: tuple[int, ...], size: Any) -
     return _BinaryInput(name, datatype, shape, size)
 
 
-def _check_binary_total(parts: list[_BinaryInput], available: int) -> None:
+def _binary_total_error(parts: tuple[_BinaryInput, ...], available: int) -> InvalidRequest:
     declared = sum(part.size for part in parts)
-    if declared == available:
-        return
     named = ", ".join(f"'{part.name}'" for part in parts) or "none"
     hint = " (is the Inference-Header-Content-Length header missing?)" if declared > available == 0 else ""
-    raise InvalidRequest(f"binary_data_size of inputs ({named}) adds up to {declared} bytes, but "
-                         f"{available} bytes follow the JSON header{hint}")
+    return InvalidRequest(f"binary_data_size of inputs ({named}) adds up to {declared} bytes, but "
+                          f"{available} bytes follow the JSON header{hint}")
 
 
 def _bind_binary(part: _BinaryInput, blob: memoryview, offset: int) -> tuple[WireTensor, int]:

@@ -100,7 +100,7 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
 
 def decode_array(name: str, datatype: str, shape: tuple[int, ...], data: bytes | memoryview) -> np.ndarray:
     """Raw wire bytes -> numpy array, checking the size against the shape."""
-    if any(dim < 0 for dim in shape):
+    if shape and min(shape) < 0:
         raise TensorError(f"tensor '{name}': shape {list(shape)} has a negative dimension")
     count = element_count(shape)
     if datatype == "BYTES":

@@ -20,6 +20,7 @@ import numpy as np
 import structlog
 
 from broker.envelope import ParamValue, Request, Response, WireTensor
+from broker.quick_init import quick_init
 from workers.backends import Backend, ModelContext, create_backend
 from workers.batching.driver import DynamicBatcher
 from workers.batching.forming import BatchPolicy
@@ -45,6 +46,7 @@ BackendFactory = Callable[[ModelContext], Backend]
 StateStoreFactory = Callable[[ModelConfig], StateStore]  # where a model's sequences keep state
 Tensors = dict[str, np.ndarray]
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class _Item:
     """What waits in the dynamic batcher: a request's inputs and its timeline."""

@@ -3,6 +3,7 @@ them into numpy arrays. Every error names the model and the tensor."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,14 +47,24 @@ def _check_datatype(config: ModelConfig, spec: TensorConfig, tensor: WireTensor)
 
 
 def _check_shape(config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]) -> None:
-    batched = config.max_batch_size > 0
-    expected = [-1, *spec.dims] if batched else list(spec.dims)
-    if batched and shape and not 1 <= shape[0] <= config.max_batch_size:
-        raise TensorError(f"input '{spec.name}': batch size {shape[0]} is outside 1.."
-                          f"{config.max_batch_size}, the max_batch_size of model '{config.name}'")
+    fault = _shape_fault(config.name, config.max_batch_size, spec.name, spec.dims, shape)
+    if fault is not None:
+        raise TensorError(fault)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_fault(model: str, max_batch_size: int, name: str, dims: tuple[int, ...],
+                 shape: tuple[int, ...]) -> str | None:
+    """What is wrong with ``shape`` for the input ``name`` (None: nothing); remembered, since
+    a model's clients send the same few shapes again and again."""
+    batched = max_batch_size > 0
+    expected = [-1, *dims] if batched else list(dims)
+    if batched and shape and not 1 <= shape[0] <= max_batch_size:
+        return (f"input '{name}': batch size {shape[0]} is outside 1..{max_batch_size}, "
+                f"the max_batch_size of model '{model}'")
     if len(shape) != len(expected) or any(d != -1 and d != s for d, s in zip(expected, shape)):
-        raise TensorError(f"input '{spec.name}': shape {list(shape)} does not match "
-                          f"the model's {expected}")
+        return f"input '{name}': shape {list(shape)} does not match the model's {expected}"
+    return None
 
 
 def _check_batch_rows(config: ModelConfig, arrays: dict[str, np.ndarray]) -> None:

@@ -156,6 +156,32 @@ def test_request_parameters_pass_through_without_the_codec_flag():
                                  binary_output_default=True)
 
 
+def test_a_header_sent_again_reads_each_request_s_own_bytes():
+    """A header read once is remembered by its bytes: the next request with the same header
+    gets its own tensors, ids and parameters, and a body of the wrong length is still refused."""
+    header = {"id": "same", "parameters": {"custom": 1}, "inputs": [
+        {"name": "A", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+        {"name": "S", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}},
+    ], "outputs": [{"name": "Y", "parameters": {"binary_data": True}}]}
+    parsed = []
+    for seed in range(3):
+        a = np.full(4, seed, dtype=np.float32)
+        parsed.append((a, parse_infer_request(*_body(header, a.tobytes(), join_bytes([b"s%d" % seed])))))
+    for seed, (a, each) in enumerate(parsed):
+        first, strings = each.inputs
+        np.testing.assert_array_equal(decode_array("A", "FP32", (4,), first.data), a)
+        assert bytes(strings.data) == join_bytes([b"s%d" % seed])
+        assert each.id == "same" and each.outputs == (RequestedOutput("Y", True),)
+    parsed[0][1].parameters["custom"] = 2  # one request's parameters are its own
+    assert parsed[1][1].parameters == {"custom": 1}
+    body, length = _body(header, b"\0" * 16, join_bytes([b"s"]))
+    with pytest.raises(InvalidRequest, match="adds up to 22 bytes, but 21 bytes follow"):
+        parse_infer_request(body, length)
+    bad_strings, length = _body(header, b"\0" * 16, b"\x09\0\0\0ab")
+    with pytest.raises(InvalidRequest, match="input 'S'"):
+        parse_infer_request(bad_strings, length)
+
+
 # -- bad requests ---------------------------------------------------------------
 
 def _one(**fields) -> bytes:

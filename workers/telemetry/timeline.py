@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker.envelope import Request
+from broker.quick_init import quick_init
 
 SUCCESS = "success"
 RELEASED = "released"  # handed back to the broker for another worker: neither success nor failure here
@@ -65,6 +66,7 @@ class Timeline:
         self.input_ns, self.infer_ns, self.output_ns = batch.input_ns, batch.infer_ns, batch.output_ns
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
     """One execution of a model instance on a merged batch."""

@@ -14,11 +14,12 @@ if TYPE_CHECKING:
 
 
 def worker_observers(settings: TelemetrySettings, stats: StatsBook | None,
-                     tracing: Tracing | None = None) -> Observers:
-    """The worker's observers: its ``StatsBook`` (absent with ``--no-metrics``), then any tracer."""
+                     tracing: Tracing | None = None) -> Observer:
+    """The worker's observers: its ``StatsBook`` (absent with ``--no-metrics``), then any tracer
+    (the one alone when there is only one: every request tells it three times)."""
     observers: list[Observer] = []
     if stats is not None:
         observers.append(stats)
     if tracing is not None:
         observers.append(TracingObserver(tracing))
-    return Observers(observers)
+    return observers[0] if len(observers) == 1 else Observers(observers)
