@@ -102,10 +102,13 @@ async def test_a_forked_child_does_not_keep_its_parents_presence(tmp_path: Path)
               "from pathlib import Path\n"
               "from broker.claims.shm_store import ShmClaims\n"
               "store = ShmClaims(Path(sys.argv[1]))\n"
+              "started, running = os.pipe()\n"
               "child = os.fork()\n"
-              "if child == 0:\n"
+              "if child == 0:\n"  # past the fork hooks here: on a loaded machine the child may run late
+              "    os.write(running, b'.')\n"
               "    time.sleep(120)\n"
               "    os._exit(0)\n"
+              "os.read(started, 1)\n"
               "print(store.owner, child, flush=True)\n"
               "time.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=REPO_ROOT, stdout=subprocess.PIPE)
