@@ -50,22 +50,17 @@ class TritonCounts:
         start = timeline.enqueued_ns or timeline.received_ns
         took = max(0, timeline.done_ns - start) if timeline.done_ns and start else 0
         self.last_ms = max(self.last_ms, timeline.done_ns // 1_000_000)
-        durations = self.durations
         if not timeline.succeeded:
             self._add("fail", took)
             return
-        counted = durations["success"]
-        counted[0] += 1
-        counted[1] += took
+        self._add("success", took)
         if timeline.cache == CACHE_HIT:
             self._add("cache_hit", timeline.cache_ns)
             return  # no queue or compute: the model did not run (nor does Triton count them)
         if timeline.cache == CACHE_MISS:
             self._add("cache_miss", timeline.cache_ns)
         if timeline.compute_start_ns and start:
-            counted = durations["queue"]
-            counted[0] += 1
-            counted[1] += max(0, timeline.compute_start_ns - start)
+            self._add("queue", max(0, timeline.compute_start_ns - start))
         if timeline.batch_id:
             self._add("compute_input", timeline.input_ns)
             self._add("compute_infer", timeline.infer_ns)
